@@ -1,0 +1,47 @@
+"""The ``sqs-worker`` command line. Each command lives in a module of ``worker.commands`` that adds its
+own sub-parser; this module wires them together and turns a ConfigError into one clear line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from worker.errors import ConfigError, WorkerError
+
+#: Modules that each define ``add_parser(subparsers)``; their parsers set ``func(args) -> int``.
+COMMAND_MODULES = (
+    "worker.commands.core",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sqs-worker",
+        description="Background jobs on AWS SQS: run the worker, enqueue jobs, bootstrap queues.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        print(f"sqs-worker: error: {exc}", file=sys.stderr)
+        return 2
+    except WorkerError as exc:
+        print(f"sqs-worker: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Exceptions raised by sqs-worker and by handlers to steer it.
+
+The tree::
+
+    WorkerError                      root of everything sqs-worker raises
+    ├── ConfigError                  a missing or wrong setting; stops the start with one line
+    ├── QueueUnavailable             the SQS endpoint cannot be reached or keeps failing
+    ├── LedgerUnavailable            the idempotency table cannot be reached (fail closed)
+    ├── InvalidMessage               a message that is not a valid envelope (carries its category)
+    └── JobError                     raised by handlers to say what to do with the job
+        ├── PermanentError           never retried: dead-lettered at once as ``permanent``
+        └── RetryableError           retried, optionally after ``delay_s`` (for example a Retry-After)
+"""
+
+from __future__ import annotations
+
+
+class WorkerError(Exception):
+    """Root of every exception sqs-worker raises."""
+
+
+class ConfigError(WorkerError):
+    """A setting is missing or wrong. The message is one line meant for a human."""
+
+
+class QueueUnavailable(WorkerError):
+    """The queue endpoint refused, timed out, throttled or answered 5xx."""
+
+
+class LedgerUnavailable(WorkerError):
+    """The idempotency table could not be read or written; no handler runs without its guard."""
+
+
+class InvalidMessage(WorkerError):
+    """A message body that is not a valid envelope.
+
+    ``category`` is the dead-letter category: ``invalid_message``, ``unknown_type`` or ``invalid_payload``.
+    """
+
+    def __init__(self, category: str, message: str) -> None:
+        super().__init__(message)
+        self.category = category
+
+
+class JobError(WorkerError):
+    """Base of the exceptions a handler raises on purpose."""
+
+
+class PermanentError(JobError):
+    """The job can never succeed: dead-letter it now, without retrying."""
+
+
+class RetryableError(JobError):
+    """The job failed for a passing reason: retry it, after ``delay_s`` seconds if given."""
+
+    def __init__(self, message: str = "", *, delay_s: float | None = None) -> None:
+        super().__init__(message)
+        if delay_s is not None and delay_s < 0:
+            raise ValueError("delay_s must be >= 0")
+        self.delay_s = delay_s

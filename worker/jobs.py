@@ -1,0 +1,182 @@
+"""Job registration: the ``@job`` decorator, each job's options (JobSpec) and the registry that holds them."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import inspect
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from worker.context import JobContext
+from worker.errors import ConfigError
+
+#: Exceptions that mean a bug in the handler: retrying cannot help, so they are dead-lettered as ``bug``.
+DEFAULT_BUG_ERRORS: tuple[type[BaseException], ...] = (
+    TypeError,
+    AttributeError,
+    NameError,
+    ImportError,
+    SyntaxError,
+    NotImplementedError,
+    AssertionError,
+)
+
+Handler = Callable[..., Any]
+KeyFunction = Callable[[Any], str]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A registered job type and its options."""
+
+    name: str
+    handler: Handler
+    max_attempts: int = 5
+    timeout_s: float = 900.0
+    backoff_base_s: float = 2.0
+    backoff_max_s: float = 900.0
+    permanent: tuple[type[BaseException], ...] = ()
+    bugs: tuple[type[BaseException], ...] = DEFAULT_BUG_ERRORS
+    idempotent: bool = False
+    key: KeyFunction | None = None
+    payload_model: type[BaseModel] | None = field(default=None, compare=False)
+    wants_context: bool = field(default=False, compare=False)
+    is_async: bool = field(default=True, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigError(f"job {self.name!r}: max_attempts must be >= 1")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"job {self.name!r}: timeout_s must be > 0")
+        if self.backoff_base_s < 0 or self.backoff_max_s < 0:
+            raise ConfigError(f"job {self.name!r}: backoff_base_s and backoff_max_s must be >= 0")
+
+    @property
+    def uses_ledger(self) -> bool:
+        """Whether this job is guarded by the idempotency table (idempotent=True or a key function)."""
+        return self.idempotent or self.key is not None
+
+
+def inspect_handler(handler: Handler) -> tuple[type[BaseModel] | None, bool]:
+    """The payload model (if the first parameter is annotated with one) and whether it takes a context."""
+    signature = inspect.signature(handler)
+    try:
+        hints = typing.get_type_hints(handler)
+    except Exception:  # noqa: BLE001 - unresolved forward references: fall back to no annotations
+        hints = {}
+    params = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not params:
+        raise ConfigError(f"handler {handler.__qualname__} must take the payload as its first parameter")
+    model = hints.get(params[0].name)
+    payload_model = model if isinstance(model, type) and issubclass(model, BaseModel) else None
+    wants_context = False
+    for param in params[1:]:
+        hint = hints.get(param.name)
+        if param.name in ("ctx", "context") or (isinstance(hint, type) and issubclass(hint, JobContext)):
+            wants_context = True
+        elif param.default is inspect.Parameter.empty:
+            raise ConfigError(
+                f"handler {handler.__qualname__}: parameter {param.name!r} is neither the payload nor a context"
+            )
+    return payload_model, wants_context
+
+
+class Registry:
+    """The job types a worker knows, by name."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, JobSpec] = {}
+
+    def job(
+        self,
+        name: str,
+        *,
+        max_attempts: int = 5,
+        timeout_s: float = 900.0,
+        backoff_base_s: float = 2.0,
+        backoff_max_s: float = 900.0,
+        permanent: Iterable[type[BaseException]] = (),
+        bugs: Iterable[type[BaseException]] = DEFAULT_BUG_ERRORS,
+        idempotent: bool = False,
+        key: KeyFunction | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Register the decorated function (``async def`` or plain ``def``) as the handler of job type ``name``."""
+
+        def decorate(handler: Handler) -> Handler:
+            payload_model, wants_context = inspect_handler(handler)
+            self.add(
+                JobSpec(
+                    name=name,
+                    handler=handler,
+                    max_attempts=max_attempts,
+                    timeout_s=timeout_s,
+                    backoff_base_s=backoff_base_s,
+                    backoff_max_s=backoff_max_s,
+                    permanent=tuple(permanent),
+                    bugs=tuple(bugs),
+                    idempotent=idempotent,
+                    key=key,
+                    payload_model=payload_model,
+                    wants_context=wants_context,
+                    is_async=_is_async(handler),
+                )
+            )
+            return handler
+
+        return decorate
+
+    def add(self, spec: JobSpec) -> None:
+        existing = self._jobs.get(spec.name)
+        if existing is not None and existing.handler is not spec.handler:
+            if _same_function(existing.handler, spec.handler):
+                # The same module imported twice (as __main__ and by name, or reloaded): keep the newer one.
+                self._jobs[spec.name] = spec
+                return
+            raise ConfigError(f"job type {spec.name!r} is registered twice")
+        self._jobs[spec.name] = spec
+
+    def get(self, name: str) -> JobSpec | None:
+        return self._jobs.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._jobs)
+
+    def specs(self) -> list[JobSpec]:
+        return [self._jobs[name] for name in self.names()]
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._jobs
+
+
+def _is_async(handler: Handler) -> bool:
+    target = handler.func if isinstance(handler, functools.partial) else handler
+    return asyncio.iscoroutinefunction(target)
+
+
+def _same_function(a: Handler, b: Handler) -> bool:
+    return getattr(a, "__module__", None) == getattr(b, "__module__", None) and getattr(
+        a, "__qualname__", None
+    ) == getattr(b, "__qualname__", None)
+
+
+#: The registry that ``from worker import job`` fills; a worker reads it unless given another.
+default_registry = Registry()
+job = default_registry.job
+
+
+def import_handlers(modules: Iterable[str]) -> None:
+    """Import each handler module so its ``@job`` decorators run; a ConfigError names one that fails."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise ConfigError(f"cannot import handler module {module!r}: {type(exc).__name__}: {exc}") from exc
