@@ -1,7 +1,8 @@
 """Job lifecycle events the worker emits, and the Observer interface that metrics and logs implement.
 
-The runtime calls ``observer.emit(event)`` at each state change of a job, and ``observer.gauge(...)`` for
-worker-wide levels. Observers must be quick and must not raise: they run on the event loop.
+The runtime calls ``observer.emit(event)`` at each state change of a job, ``observer.gauge(...)`` about once
+a second while its main loop turns (a liveness signal too), and ``observer.connectivity(...)`` when an
+endpoint (service "sqs" or "dynamodb") becomes unreachable or reachable again. Observers must be quick and must not raise: they run on the event loop.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Observer(Protocol):
 
     def gauge(self, *, in_flight: int, free_slots: int) -> None: ...
 
+    def connectivity(self, *, service: str, reachable: bool) -> None: ...
+
 
 class Observers:
     """Fans events out to several observers; one failing observer never stops the others or the worker."""
@@ -72,5 +75,12 @@ class Observers:
         for observer in self._observers:
             try:
                 observer.gauge(in_flight=in_flight, free_slots=free_slots)
+            except Exception:  # noqa: BLE001, S112
+                continue
+
+    def connectivity(self, *, service: str, reachable: bool) -> None:
+        for observer in self._observers:
+            try:
+                observer.connectivity(service=service, reachable=reachable)
             except Exception:  # noqa: BLE001, S112
                 continue

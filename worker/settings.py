@@ -39,11 +39,25 @@ class WorkerSettings(BaseSettings):
     )
     idempotency_table: str | None = Field(default=None, description="DynamoDB table for idempotency keys.")
     metrics_namespace: str = Field(default="SqsWorker", description="CloudWatch namespace of the worker's metrics.")
+    metrics: Literal["emf", "cloudwatch", "off"] = Field(
+        default="emf", description="emf: Embedded Metric Format lines on stdout; cloudwatch: batched PutMetricData."
+    )
+    prometheus_port: int | None = Field(default=None, ge=0, le=65_535, description="Serve /metrics on this port.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
+    redact_fields: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["password", "secret", "token", "authorization", "api_key"],
+        description="Comma-separated field names whose values are redacted wherever they appear in logs.",
+    )
+    health_port: int | None = Field(default=None, ge=0, le=65_535, description="Serve /healthz and /readyz here.")
+    health_file: str = Field(
+        default="/tmp/sqs-worker-health",  # noqa: S108 - a liveness timestamp, not a secret; overridable
+        description="File the running worker touches each loop turn; `sqs-worker health --check` reads it.",
+    )
+    health_max_age_s: float = Field(default=60.0, gt=0, description="Older liveness than this is unhealthy.")
     schedules_file: str | None = Field(default=None, description="Path of the schedules YAML file (cron jobs).")
 
-    @field_validator("handlers", mode="before")
+    @field_validator("handlers", "redact_fields", mode="before")
     @classmethod
     def _split_handlers(cls, value: object) -> object:
         if isinstance(value, str):
