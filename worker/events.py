@@ -1,18 +1,18 @@
 """Job lifecycle events the worker emits, and the Observer interface that metrics and logs implement.
 
-The runtime calls ``observer.emit(event)`` at each state change of a job, ``observer.gauge(...)`` about once
-a second while its main loop turns (a liveness signal too), and ``observer.connectivity(...)`` when an
-endpoint (service "sqs" or "dynamodb") becomes unreachable or reachable again. Observers must be quick and must not raise: they run on the event loop.
+The runtime calls ``observer.emit(event)`` at each state change of a job, ``observer.gauge(...)`` about
+once a second while its main loop turns (a liveness signal too), and ``observer.connectivity(...)`` when
+an endpoint (service "sqs" or "dynamodb") becomes unreachable or reachable again. Observers must be quick and must not raise: they run on the event loop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     """A job's state changes, in the order they usually happen."""
 
     RECEIVED = "received"  # claimed from the queue
@@ -68,19 +68,19 @@ class Observers:
         for observer in self._observers:
             try:
                 observer.emit(event)
-            except Exception:  # noqa: BLE001, S112 - an observer bug must not stop jobs
+            except Exception:  # noqa: S112 - an observer bug must not stop jobs
                 continue
 
     def gauge(self, *, in_flight: int, free_slots: int) -> None:
         for observer in self._observers:
             try:
                 observer.gauge(in_flight=in_flight, free_slots=free_slots)
-            except Exception:  # noqa: BLE001, S112
+            except Exception:  # noqa: S112
                 continue
 
     def connectivity(self, *, service: str, reachable: bool) -> None:
         for observer in self._observers:
             try:
                 observer.connectivity(service=service, reachable=reachable)
-            except Exception:  # noqa: BLE001, S112
+            except Exception:  # noqa: S112
                 continue

@@ -1,0 +1,123 @@
+"""Batching of per-message SQS calls (DeleteMessageBatch, ChangeMessageVisibilityBatch).
+
+Entries are flushed when 10 are waiting or a few milliseconds after the first one, whichever comes first.
+Each caller awaits the outcome of its own entry: per-entry failures are reported to that caller alone.
+Transport failures (endpoint down, throttled) are retried with backoff for a bounded time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from worker.errors import QueueUnavailable, WorkerError
+
+log = logging.getLogger("worker.batching")
+
+E = TypeVar("E")
+
+MAX_BATCH = 10
+
+
+class EntryFailed(WorkerError):
+    """SQS refused one entry of a batch (for example ReceiptHandleIsInvalid)."""
+
+    def __init__(self, code: str, message: str, *, sender_fault: bool = True) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.sender_fault = sender_fault
+
+
+@dataclass
+class _Pending(Generic[E]):
+    entry: E
+    future: asyncio.Future[None]
+
+
+#: Sends one batch (at most 10 entries); returns the failed entries by their index in the batch.
+FlushFunction = Callable[[list[E]], Awaitable[dict[int, EntryFailed]]]
+
+
+class Batcher(Generic[E]):
+    """Collects entries and sends them in batches of up to 10."""
+
+    def __init__(
+        self,
+        flush: FlushFunction[E],
+        *,
+        name: str,
+        max_delay_s: float = 0.005,
+        retry_for_s: float = 60.0,
+        retry_base_s: float = 0.2,
+    ) -> None:
+        self._flush = flush
+        self._name = name
+        self._max_delay_s = max_delay_s
+        self._retry_for_s = retry_for_s
+        self._retry_base_s = retry_base_s
+        self._pending: list[_Pending[E]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.calls = 0
+
+    async def submit(self, entry: E) -> None:
+        """Queue ``entry`` and wait until its batch was sent. Raises EntryFailed or QueueUnavailable."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._pending.append(_Pending(entry, future))
+        if len(self._pending) >= MAX_BATCH:
+            self._start_flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self._max_delay_s, self._start_flush)
+        await asyncio.shield(future)
+
+    def _start_flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._pending:
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: list[_Pending[E]]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._retry_for_s
+        delay_s = self._retry_base_s
+        while True:
+            try:
+                self.calls += 1
+                failed = await self._flush([p.entry for p in batch])
+                break
+            except QueueUnavailable as exc:
+                if loop.time() + delay_s > deadline:
+                    for pending in batch:
+                        if not pending.future.done():
+                            pending.future.set_exception(exc)
+                    return
+                log.debug("%s batch failed, retrying in %.1f s: %s", self._name, delay_s, exc)
+                await asyncio.sleep(delay_s)  # backoff between transport retries
+                delay_s = min(delay_s * 2, 5.0)
+            except Exception as exc:
+                for pending in batch:
+                    if not pending.future.done():
+                        pending.future.set_exception(exc)
+                return
+        for index, pending in enumerate(batch):
+            if pending.future.done():
+                continue
+            if index in failed:
+                pending.future.set_exception(failed[index])
+            else:
+                pending.future.set_result(None)
+
+    async def drain(self) -> None:
+        """Send everything pending now and wait for the batches in flight."""
+        if self._pending:
+            self._start_flush()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

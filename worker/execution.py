@@ -1,0 +1,87 @@
+"""Turning a message into a handler call: envelope, job lookup, payload validation, the call with its timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from worker.context import JobContext, ProgressSink
+from worker.envelope import INVALID_PAYLOAD, UNKNOWN_TYPE, Envelope, describe_errors, parse_envelope
+from worker.errors import InvalidMessage
+from worker.jobs import JobSpec, Registry
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """A message that parsed into a known job type with a valid payload."""
+
+    envelope: Envelope
+    spec: JobSpec
+    payload: Any  # the payload model instance, or the dict
+
+
+def prepare(body: str, registry: Registry) -> PreparedJob:
+    """Parse and validate a message body; raises InvalidMessage with its dead-letter category."""
+    envelope = parse_envelope(body)
+    spec = registry.get(envelope.type)
+    if spec is None:
+        raise InvalidMessage(UNKNOWN_TYPE, f"no handler is registered for job type {envelope.type!r}")
+    payload: Any = envelope.payload
+    if spec.payload_model is not None:
+        try:
+            payload = spec.payload_model.model_validate(envelope.payload)
+        except ValidationError as exc:
+            raise InvalidMessage(INVALID_PAYLOAD, f"payload for {spec.name!r} " + describe_errors(exc)) from None
+    return PreparedJob(envelope=envelope, spec=spec, payload=payload)
+
+
+def job_logger(spec: JobSpec, message_id: str, attempt: int) -> logging.LoggerAdapter[logging.Logger]:
+    return logging.LoggerAdapter(
+        logging.getLogger("worker.job"), {"job_type": spec.name, "message_id": message_id, "attempt": attempt}
+    )
+
+
+def build_context(
+    job: PreparedJob, *, message_id: str, attempt: int, progress: ProgressSink | None = None
+) -> JobContext:
+    context = JobContext(
+        job_type=job.spec.name,
+        message_id=message_id,
+        attempt=attempt,
+        max_attempts=job.spec.max_attempts,
+        idempotency_key=job.envelope.idempotency_key,
+        deadline_monotonic=time.monotonic() + job.spec.timeout_s,
+        logger=job_logger(job.spec, message_id, attempt),
+    )
+    if progress is not None:
+        context._progress = progress
+    return context
+
+
+async def call_handler(job: PreparedJob, context: JobContext) -> Any:
+    """Call the handler with its payload (and context), bounded by the job's timeout.
+
+    A plain ``def`` handler runs in the default thread pool; on timeout its thread cannot be stopped, so it
+    is left to finish in the background while the job is treated as timed out.
+    """
+    args: tuple[Any, ...] = (job.payload, context) if job.spec.wants_context else (job.payload,)
+    if job.spec.is_async:
+        return await asyncio.wait_for(job.spec.handler(*args), timeout=job.spec.timeout_s)
+    call: Callable[[], Any] = functools.partial(contextvars.copy_context().run, job.spec.handler, *args)
+    loop = asyncio.get_running_loop()
+    return await asyncio.wait_for(loop.run_in_executor(None, call), timeout=job.spec.timeout_s)
+
+
+def result_for_ledger(result: Any) -> Any:
+    """A handler's return value in a JSON-friendly form (pydantic models dumped)."""
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json")
+    return result

@@ -1,0 +1,521 @@
+"""The worker's event loop: receive loops, heartbeats, job outcomes and a clean shutdown.
+
+Lifecycle of a message: received (holds a slot, visibility claimed) -> started -> one outcome: acknowledged
+(deleted), retried (visibility set to the backoff delay), dead-lettered (sent to the DLQ, then deleted), or
+released (visibility 0: shutdown, a failure earlier in its FIFO group, or a live idempotency lease elsewhere).
+Acknowledgements and bookkeeping are shielded from cancellation so a SIGTERM cannot skip them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from worker.batching import EntryFailed
+from worker.deadletter import dead_letter_attributes
+from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable, WorkerError
+from worker.events import Event, Kind, Observers
+from worker.execution import PreparedJob, build_context, call_handler, prepare, result_for_ledger
+from worker.jobs import Registry
+from worker.policy import PERMANENT, Action, classify_failure, describe_error, visibility_cap_s
+from worker.slots import Slots
+from worker.sqs import Message, Queue
+
+if TYPE_CHECKING:
+    from worker.idempotency import Claim, Ledger
+
+log = logging.getLogger("worker")
+
+HEARTBEAT_TICK_S = 1.0
+#: Extend a claim when less than this share of the visibility timeout is left.
+EXTEND_BELOW_SHARE = 0.5
+#: How long a message waits before another try when the idempotency table is unreachable.
+LEDGER_RETRY_S = 10
+#: How long a message whose dead-lettering failed waits before another try.
+DEAD_LETTER_RETRY_S = 30
+RECEIVE_BACKOFF_MAX_S = 20.0
+
+
+@dataclass(eq=False)
+class Held:
+    """A message this worker holds: from its receive until its outcome was applied."""
+
+    message: Message
+    received_at: float
+    visible_until: float
+    started: bool = False
+    finishing: bool = False
+    lost: bool = False
+    claim: Claim | None = None
+    job_type: str | None = None
+    extension: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    concurrency: int = 10
+    visibility_timeout_s: int = 30
+    shutdown_grace_s: float = 30.0
+    poll_wait_s: int = 20
+
+
+class Connectivity:
+    """Logs an endpoint going away and coming back once per change, not once per failed call."""
+
+    def __init__(self, service: str, observers: Observers) -> None:
+        self.service = service
+        self.reachable = True
+        self._observers = observers
+
+    def down(self, error: BaseException) -> None:
+        if self.reachable:
+            self.reachable = False
+            log.warning("%s unreachable, backing off: %s", self.service, error, extra={"service": self.service})
+            self._observers.connectivity(service=self.service, reachable=False)
+
+    def up(self) -> None:
+        if not self.reachable:
+            self.reachable = True
+            log.info("%s reachable again", self.service, extra={"service": self.service})
+            self._observers.connectivity(service=self.service, reachable=True)
+
+
+class Worker:
+    """Consumes one queue with the handlers of a registry. Clients come in through the Queue objects."""
+
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        queue: Queue,
+        dlq: Queue,
+        options: RuntimeOptions,
+        observers: Observers | None = None,
+        ledger: Ledger | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.registry = registry
+        self.queue = queue
+        self.dlq = dlq
+        self.options = options
+        self.observers = observers or Observers()
+        self.ledger = ledger
+        self._rng = rng or random.Random()
+        self._slots = Slots(options.concurrency)
+        self._held: dict[str, Held] = {}
+        self._groups: dict[str, deque[Held]] = {}
+        self._jobs: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+        self._sqs = Connectivity("sqs", self.observers)
+        self._dynamodb = Connectivity("dynamodb", self.observers)
+        self.fatal: BaseException | None = None
+
+    # ----------------------------------------------------------------------------------------------- running
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set, then shut down cleanly. Raises the error that stopped it, if any."""
+        loops = max(1, math.ceil(self.options.concurrency / 10))
+        receivers = [asyncio.create_task(self._receive_loop(stop), name=f"receive-{i}") for i in range(loops)]
+        heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+        log.info(
+            "worker started on %s (concurrency %d, %d receive loop%s)",
+            self.queue.name,
+            self.options.concurrency,
+            loops,
+            "" if loops == 1 else "s",
+            extra={"queue": self.queue.name, "dlq": self.dlq.name, "job_types": self.registry.names()},
+        )
+        try:
+            await stop.wait()
+        finally:
+            await self._shutdown(receivers, heartbeat)
+        if self.fatal is not None:
+            raise self.fatal
+
+    async def _receive_loop(self, stop: asyncio.Event) -> None:
+        backoff_s = 0.5
+        while not self._stopping:
+            reserved = await self._slots.reserve(10)
+            try:
+                messages = await self.queue.receive(
+                    max_messages=reserved,
+                    wait_s=self.options.poll_wait_s,
+                    visibility_timeout_s=self.options.visibility_timeout_s,
+                )
+            except QueueUnavailable as exc:
+                self._slots.release(reserved)
+                self._sqs.down(exc)
+                await _wait_for(stop, backoff_s)
+                backoff_s = min(backoff_s * 2, RECEIVE_BACKOFF_MAX_S)
+                continue
+            except ConfigError as exc:
+                self._slots.release(reserved)
+                self.fatal = exc
+                stop.set()
+                return
+            except BaseException:
+                self._slots.release(reserved)
+                raise
+            backoff_s = 0.5
+            self._sqs.up()
+            self._slots.release(reserved - len(messages))
+            for message in messages:
+                self._accept(message)
+
+    def _accept(self, message: Message) -> None:
+        now = time.monotonic()
+        held = Held(message, received_at=now, visible_until=now + self.options.visibility_timeout_s)
+        self._held[message.receipt_handle] = held
+        self._emit(Kind.RECEIVED, held)
+        group = message.group_id if self.queue.is_fifo else None
+        if group is None:
+            self._spawn(self._run_one(held))
+            return
+        waiting = self._groups.get(group)
+        if waiting is not None:
+            waiting.append(held)
+            return
+        self._groups[group] = deque([held])
+        self._spawn(self._run_group(group))
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
+
+    async def _run_one(self, held: Held) -> bool:
+        try:
+            return await self._process(held)
+        except asyncio.CancelledError:
+            if not held.finishing:  # cancelled before an outcome began (shutdown past the grace period)
+                await self._finish(held, self._abandon(held))
+            raise
+        finally:
+            self._forget(held)
+
+    async def _finish(self, held: Held, outcome: Coroutine[Any, Any, None]) -> None:
+        """Apply an outcome, shielded from cancellation; heartbeats stop for ``held`` from this moment."""
+        held.finishing = True
+        await asyncio.shield(outcome)
+
+    async def _run_group(self, group: str) -> None:
+        """Run a FIFO group's messages in order; after a failure, release the rest of the group unprocessed."""
+        waiting = self._groups[group]
+        try:
+            while waiting and not self._stopping:
+                held = waiting.popleft()
+                if not await self._run_one(held):
+                    await self._release_all(list(waiting), reason="earlier message of its group failed")
+                    waiting.clear()
+        finally:
+            if self._groups.get(group) is waiting and not waiting:
+                del self._groups[group]
+
+    def _forget(self, held: Held) -> None:
+        if self._held.pop(held.message.receipt_handle, None) is not None:
+            self._slots.release(1)
+
+    # ----------------------------------------------------------------------------------------------- one job
+
+    async def _process(self, held: Held) -> bool:
+        """Run one message to its outcome. True when the job succeeded (or was a completed duplicate)."""
+        held.started = True
+        message = held.message
+        try:
+            job = prepare(message.body, self.registry)
+        except InvalidMessage as exc:
+            await self._finish(held, self._dead_letter(held, exc.category, str(exc)))
+            return False
+        held.job_type = job.spec.name
+        if self.ledger is not None:
+            verdict = await self._claim(held, job)
+            if verdict is not None:
+                return verdict
+        return await self._execute(held, job)
+
+    async def _claim(self, held: Held, job: PreparedJob) -> bool | None:
+        """Take the job's idempotency claim. None: go ahead and run it; a bool: the outcome is settled."""
+        from worker.idempotency import job_key, payload_hash
+
+        assert self.ledger is not None
+        key = job_key(job.spec, job.envelope, job.payload)
+        if key is None:
+            return None
+        try:
+            claim = await self.ledger.claim(
+                key=key,
+                job_type=job.spec.name,
+                payload_hash=payload_hash(job.spec.name, job.envelope.payload),
+                lease_s=self.options.visibility_timeout_s,
+            )
+        except LedgerUnavailable as exc:
+            self._dynamodb.down(exc)
+            await self._finish(
+                held, self._release(held, delay_s=LEDGER_RETRY_S, reason="idempotency table unreachable")
+            )
+            return False
+        self._dynamodb.up()
+        if claim.outcome == "completed":
+            await self._finish(held, self._ack(held))
+            self._emit(Kind.DUPLICATE_SKIPPED, held, idempotency_key=key)
+            return True
+        if claim.outcome == "busy":
+            delay_s = math.ceil(claim.retry_after_s or self.options.visibility_timeout_s)
+            await self._finish(held, self._release(held, delay_s=delay_s, reason="idempotency lease held elsewhere"))
+            return False
+        if claim.outcome == "conflict":
+            reason = claim.reason or "idempotency key reused with another payload"
+            await self._finish(held, self._dead_letter(held, PERMANENT, reason))
+            return False
+        held.claim = claim
+        return None
+
+    async def _execute(self, held: Held, job: PreparedJob) -> bool:
+        message = held.message
+        attempt = message.receive_count
+        progress = None
+        if held.claim is not None and self.ledger is not None:
+            ledger, claim = self.ledger, held.claim
+
+            def progress(percent: float, note: str | None) -> None:
+                ledger.progress(claim, percent, note)
+
+        context = build_context(job, message_id=message.message_id, attempt=attempt, progress=progress)
+        sent_ms = message.sent_timestamp_ms
+        queue_wait_s = max(0.0, time.time() - sent_ms / 1000) if sent_ms else None
+        self._emit(Kind.STARTED, held, queue_wait_s=queue_wait_s)
+        started = time.monotonic()
+        try:
+            result = await call_handler(job, context)
+        except Exception as exc:
+            await self._finish(held, self._failed(held, job, exc, time.monotonic() - started))
+            return False
+        await self._finish(held, self._succeeded(held, result, time.monotonic() - started))
+        return True
+
+    async def _succeeded(self, held: Held, result: Any, duration_s: float) -> None:
+        if held.claim is not None and self.ledger is not None:
+            try:
+                fenced_ok = await self.ledger.complete(held.claim, result=result_for_ledger(result))
+            except LedgerUnavailable as exc:
+                # The effect happened but is not recorded: leave the message to reappear. Its claim lapses
+                # with the lease and the next attempt runs again; keep downstream calls idempotent by key.
+                self._dynamodb.down(exc)
+                log.error("could not record completion; the job may run again", extra=self._fields(held))
+                return
+            if not fenced_ok:
+                self._emit(Kind.CLAIM_LOST, held, reason="idempotency lease was taken over; not acknowledged")
+                return
+        await self._ack(held)
+        self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)
+
+    async def _failed(self, held: Held, job: PreparedJob, error: Exception, duration_s: float) -> None:
+        spec = job.spec
+        decision = classify_failure(
+            error,
+            attempt=held.message.receive_count,
+            max_attempts=spec.max_attempts,
+            permanent=spec.permanent,
+            bugs=spec.bugs,
+            backoff_base_s=spec.backoff_base_s,
+            backoff_max_s=spec.backoff_max_s,
+            rng=self._rng,
+        )
+        text = describe_error(error)
+        if decision.action is Action.RETRY:
+            assert decision.delay_s is not None
+            await self._ledger_settle(held, text, final=False)
+            await self._retry(held, decision.delay_s, text, duration_s)
+        else:
+            assert decision.category is not None
+            await self._ledger_settle(held, text, final=True)
+            await self._dead_letter(held, decision.category, text, duration_s=duration_s)
+
+    async def _ledger_settle(self, held: Held, error: str, *, final: bool) -> None:
+        if held.claim is None or self.ledger is None:
+            return
+        try:
+            if final:
+                await self.ledger.fail(held.claim, error=error)
+            else:
+                await self.ledger.release(held.claim, error=error)
+        except LedgerUnavailable as exc:
+            self._dynamodb.down(exc)  # the lease lapses by itself; the retry takes the claim over
+
+    async def _abandon(self, held: Held) -> None:
+        """The job was cancelled (shutdown past the grace period): put the message back at once."""
+        await self._ledger_settle(held, "cancelled at shutdown", final=False)
+        await self._release(held, delay_s=0, reason="cancelled at shutdown")
+
+    # ----------------------------------------------------------------------------------------------- outcomes
+
+    async def _settle(self, held: Held) -> None:
+        """Stop heartbeats for ``held`` and wait for an extension in flight, so no later call undoes ours."""
+        held.finishing = True
+        if held.extension is not None and not held.extension.done():
+            await asyncio.gather(held.extension, return_exceptions=True)
+
+    async def _ack(self, held: Held) -> None:
+        await self._settle(held)
+        try:
+            await self.queue.delete(held.message.receipt_handle)
+        except (EntryFailed, QueueUnavailable) as exc:
+            log.warning("delete failed; the message will be delivered again: %s", exc, extra=self._fields(held))
+
+    async def _retry(self, held: Held, delay_s: int, error: str, duration_s: float) -> None:
+        await self._settle(held)
+        delay_s = min(delay_s, visibility_cap_s(elapsed_since_receive_s=time.monotonic() - held.received_at))
+        try:
+            await self.queue.set_visibility(held.message.receipt_handle, delay_s)
+        except (EntryFailed, QueueUnavailable) as exc:
+            log.warning("could not set the retry delay: %s", exc, extra=self._fields(held))
+        self._emit(Kind.RETRY_SCHEDULED, held, delay_s=float(delay_s), error=error, duration_s=duration_s)
+
+    async def _release(self, held: Held, *, delay_s: int, reason: str) -> None:
+        await self._settle(held)
+        try:
+            await self.queue.set_visibility(held.message.receipt_handle, delay_s)
+        except (EntryFailed, QueueUnavailable) as exc:
+            log.warning("could not release the message: %s", exc, extra=self._fields(held))
+        self._emit(Kind.RELEASED, held, delay_s=float(delay_s), reason=reason)
+
+    async def _release_all(self, batch: list[Held], *, reason: str) -> None:
+        try:
+            await asyncio.gather(*(self._release(held, delay_s=0, reason=reason) for held in batch))
+        finally:
+            for held in batch:
+                self._forget(held)
+
+    async def _dead_letter(self, held: Held, category: str, error: str, *, duration_s: float | None = None) -> None:
+        """Send to the DLQ first, then delete from the source: a crash between the two duplicates, never loses."""
+        await self._settle(held)
+        message = held.message
+        attributes = dead_letter_attributes(
+            category=category,
+            error_message=error,
+            attempts=message.receive_count,
+            source_queue=self.queue.name,
+            original_message_id=message.message_id,
+            failed_at=datetime.now(UTC),
+            original=message.message_attributes,
+        )
+        try:
+            await self.dlq.send(
+                message.body,
+                attributes=attributes,
+                group_id=message.group_id,
+                deduplication_id=message.message_id,
+            )
+        except WorkerError as exc:
+            log.error("dead-lettering failed; the message stays in the queue: %s", exc, extra=self._fields(held))
+            with contextlib.suppress(EntryFailed, QueueUnavailable):  # else it reappears when its visibility lapses
+                await self.queue.set_visibility(message.receipt_handle, DEAD_LETTER_RETRY_S)
+            return
+        try:
+            await self.queue.delete(message.receipt_handle)
+        except (EntryFailed, QueueUnavailable) as exc:
+            log.warning("dead-lettered, but the delete failed (a duplicate may follow): %s", exc)
+        self._emit(Kind.DEAD_LETTERED, held, category=category, error=error, duration_s=duration_s)
+
+    # ----------------------------------------------------------------------------------------------- heartbeat
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            self.observers.gauge(in_flight=len(self._held), free_slots=self._slots.free)
+            now = time.monotonic()
+            threshold = self.options.visibility_timeout_s * EXTEND_BELOW_SHARE
+            for held in list(self._held.values()):
+                if held.finishing or held.lost or (held.extension is not None and not held.extension.done()):
+                    continue
+                if held.visible_until - now < threshold:
+                    held.extension = asyncio.create_task(self._extend(held))
+            await asyncio.sleep(HEARTBEAT_TICK_S)  # a fixed cadence; nothing to await but time
+
+    async def _extend(self, held: Held) -> None:
+        now = time.monotonic()
+        timeout_s = min(
+            self.options.visibility_timeout_s, visibility_cap_s(elapsed_since_receive_s=now - held.received_at)
+        )
+        if timeout_s <= 0:
+            return
+        try:
+            await self.queue.set_visibility(held.message.receipt_handle, timeout_s)
+        except EntryFailed as exc:
+            held.lost = True
+            self._emit(Kind.CLAIM_LOST, held, reason=str(exc))
+            return
+        except QueueUnavailable as exc:
+            self._sqs.down(exc)
+            return
+        held.visible_until = now + timeout_s
+        self._emit(Kind.HEARTBEAT, held, delay_s=float(timeout_s))
+        if held.claim is not None and self.ledger is not None and not held.finishing:
+            try:
+                if not await self.ledger.renew(held.claim, lease_s=timeout_s):
+                    self._emit(Kind.CLAIM_LOST, held, reason="idempotency lease was taken over")
+            except LedgerUnavailable as exc:
+                self._dynamodb.down(exc)
+
+    # ----------------------------------------------------------------------------------------------- shutdown
+
+    async def _shutdown(self, receivers: list[asyncio.Task[None]], heartbeat: asyncio.Task[None]) -> None:
+        self._stopping = True
+        for task in receivers:
+            task.cancel()
+        await asyncio.gather(*receivers, return_exceptions=True)
+        waiting = [held for group in self._groups.values() for held in group]
+        for group in self._groups.values():
+            group.clear()
+        if waiting:
+            await self._release_all(waiting, reason="shutdown")
+        running = set(self._jobs)
+        if running:
+            log.info("waiting up to %.0f s for %d running job(s)", self.options.shutdown_grace_s, len(running))
+            _, pending = await asyncio.wait(running, timeout=self.options.shutdown_grace_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("cancelled %d job(s) still running after the grace period", len(pending))
+                await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*(h.extension for h in self._held.values() if h.extension), return_exceptions=True)
+        heartbeat.cancel()
+        await asyncio.gather(heartbeat, return_exceptions=True)
+        await asyncio.gather(self.queue.drain(), self.dlq.drain())
+        log.info("worker stopped", extra={"queue": self.queue.name})
+
+    # ----------------------------------------------------------------------------------------------- events
+
+    def _emit(self, kind: Kind, held: Held, **fields: Any) -> None:
+        message = held.message
+        self.observers.emit(
+            Event(
+                kind=kind,
+                queue=self.queue.name,
+                message_id=message.message_id,
+                job_type=held.job_type,
+                attempt=message.receive_count,
+                **fields,
+            )
+        )
+
+    def _fields(self, held: Held) -> dict[str, Any]:
+        return {"message_id": held.message.message_id, "job_type": held.job_type, "queue": self.queue.name}
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._held)
+
+
+async def _wait_for(event: asyncio.Event, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for ``event``; returns early when it is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout=timeout_s)

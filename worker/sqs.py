@@ -1,0 +1,219 @@
+"""The SQS edge: one class that speaks to the queue through an injected aiobotocore client.
+
+Everything botocore raises is translated here: connection failures, throttling and 5xx become
+QueueUnavailable; per-entry batch failures become EntryFailed for the one caller concerned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from worker.batching import Batcher, EntryFailed
+from worker.errors import ConfigError, QueueUnavailable
+
+if TYPE_CHECKING:
+    from types_aiobotocore_sqs import SQSClient
+
+#: Error codes that mean "the endpoint is unwell", not "the request is wrong".
+TRANSIENT_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "RequestThrottled",
+        "ServiceUnavailable",
+        "InternalError",
+        "InternalFailure",
+        "KMS.ThrottlingException",
+        "RequestTimeout",
+        "SlowDown",
+    }
+)
+MISSING_QUEUE_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
+
+
+@dataclass(frozen=True)
+class Message:
+    """A received SQS message."""
+
+    message_id: str
+    receipt_handle: str
+    body: str
+    attributes: dict[str, str]
+    message_attributes: dict[str, Any]
+
+    @property
+    def receive_count(self) -> int:
+        return int(self.attributes.get("ApproximateReceiveCount", "1"))
+
+    @property
+    def sent_timestamp_ms(self) -> int | None:
+        value = self.attributes.get("SentTimestamp")
+        return int(value) if value else None
+
+    @property
+    def group_id(self) -> str | None:
+        return self.attributes.get("MessageGroupId")
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return code in TRANSIENT_CODES or status >= 500 or status == 429
+    return isinstance(exc, BotoCoreError | OSError | asyncio.TimeoutError)
+
+
+def translate(exc: Exception, action: str) -> Exception:
+    """The exception to raise for a botocore failure of ``action``."""
+    if is_transient(exc):
+        return QueueUnavailable(f"{action} failed: {exc}")
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in MISSING_QUEUE_CODES:
+            return ConfigError(f"{action}: the queue does not exist ({code}); run `sqs-worker bootstrap` first")
+    return exc
+
+
+class Queue:
+    """One SQS queue (the work queue or its DLQ) behind an injected aiobotocore SQS client."""
+
+    def __init__(self, client: SQSClient, url: str, *, batch_delay_s: float = 0.005) -> None:
+        self.client = client
+        self.url = url
+        self.is_fifo = url.endswith(".fifo")
+        self.name = url.rstrip("/").rsplit("/", 1)[-1]
+        self.deleter: Batcher[str] = Batcher(self._delete_batch, name="delete", max_delay_s=batch_delay_s)
+        self.visibility: Batcher[tuple[str, int]] = Batcher(
+            self._visibility_batch, name="visibility", max_delay_s=batch_delay_s
+        )
+        self.receive_calls = 0
+        self.send_calls = 0
+
+    async def receive(self, *, max_messages: int, wait_s: int, visibility_timeout_s: int) -> list[Message]:
+        self.receive_calls += 1
+        try:
+            response = await self.client.receive_message(
+                QueueUrl=self.url,
+                MaxNumberOfMessages=max(1, min(10, max_messages)),
+                WaitTimeSeconds=wait_s,
+                VisibilityTimeout=visibility_timeout_s,
+                MessageSystemAttributeNames=["All"],
+                MessageAttributeNames=["All"],
+            )
+        except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
+            raise translate(exc, "ReceiveMessage") from exc
+        return [
+            Message(
+                message_id=raw["MessageId"],
+                receipt_handle=raw["ReceiptHandle"],
+                body=raw.get("Body", ""),
+                attributes={str(k): v for k, v in raw.get("Attributes", {}).items()},
+                message_attributes=dict(raw.get("MessageAttributes", {})),
+            )
+            for raw in response.get("Messages", [])
+        ]
+
+    async def delete(self, receipt_handle: str) -> None:
+        """Delete one message (batched with others)."""
+        await self.deleter.submit(receipt_handle)
+
+    async def set_visibility(self, receipt_handle: str, timeout_s: int) -> None:
+        """Set one message's visibility timeout (batched with others)."""
+        await self.visibility.submit((receipt_handle, timeout_s))
+
+    async def send(
+        self,
+        body: str,
+        *,
+        attributes: dict[str, Any] | None = None,
+        group_id: str | None = None,
+        deduplication_id: str | None = None,
+        delay_s: int | None = None,
+    ) -> str:
+        kwargs: dict[str, Any] = {"QueueUrl": self.url, "MessageBody": body}
+        if attributes:
+            kwargs["MessageAttributes"] = attributes
+        if self.is_fifo:
+            kwargs["MessageGroupId"] = group_id or "default"
+            if deduplication_id:
+                kwargs["MessageDeduplicationId"] = deduplication_id
+        elif delay_s:
+            kwargs["DelaySeconds"] = delay_s
+        self.send_calls += 1
+        try:
+            response = await self.client.send_message(**kwargs)
+        except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
+            raise translate(exc, "SendMessage") from exc
+        return response["MessageId"]
+
+    async def _delete_batch(self, handles: list[str]) -> dict[int, EntryFailed]:
+        entries = [{"Id": str(i), "ReceiptHandle": handle} for i, handle in enumerate(handles)]
+        try:
+            response = await self.client.delete_message_batch(QueueUrl=self.url, Entries=entries)  # type: ignore[arg-type]
+        except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
+            raise translate(exc, "DeleteMessageBatch") from exc
+        return _failures(response)
+
+    async def _visibility_batch(self, items: list[tuple[str, int]]) -> dict[int, EntryFailed]:
+        entries = [
+            {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": timeout_s}
+            for i, (handle, timeout_s) in enumerate(items)
+        ]
+        try:
+            response = await self.client.change_message_visibility_batch(
+                QueueUrl=self.url,
+                Entries=entries,  # type: ignore[arg-type]
+            )
+        except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
+            raise translate(exc, "ChangeMessageVisibilityBatch") from exc
+        return _failures(response)
+
+    async def drain(self) -> None:
+        await asyncio.gather(self.deleter.drain(), self.visibility.drain())
+
+    @property
+    def request_count(self) -> int:
+        """AWS requests this queue object made (each one is billed)."""
+        return self.receive_calls + self.send_calls + self.deleter.calls + self.visibility.calls
+
+
+def _failures(response: Any) -> dict[int, EntryFailed]:
+    return {
+        int(item["Id"]): EntryFailed(
+            item.get("Code", "Unknown"), item.get("Message", ""), sender_fault=bool(item.get("SenderFault", True))
+        )
+        for item in response.get("Failed", [])
+    }
+
+
+async def resolve_queue_url(client: SQSClient, queue: str) -> str:
+    """A queue URL from a name or URL (a URL is returned unchanged)."""
+    if queue.startswith(("https://", "http://")):
+        return queue
+    try:
+        response = await client.get_queue_url(QueueName=queue)
+    except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
+        raise translate(exc, f"GetQueueUrl({queue})") from exc
+    return response["QueueUrl"]
+
+
+async def redrive_target_url(client: SQSClient, queue_url: str) -> str | None:
+    """The DLQ URL from the queue's redrive policy, or None when it has none."""
+    import json
+
+    try:
+        response = await client.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["RedrivePolicy"])
+    except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
+        raise translate(exc, "GetQueueAttributes") from exc
+    policy = response.get("Attributes", {}).get("RedrivePolicy")
+    if not policy:
+        return None
+    arn = json.loads(policy).get("deadLetterTargetArn", "")
+    name = arn.rsplit(":", 1)[-1]
+    if not name:
+        return None
+    return await resolve_queue_url(client, name)
