@@ -1,0 +1,255 @@
+"""DynamoDB persistence of the ledger: gets, conditional puts and updates, table creation. No policy here.
+
+Items are exchanged with the ledger as plain Python values (str, int, float, None); numbers come back as int
+when integral. Condition expressions are composed from the named fragments in CONDITIONS, so each rule reads
+as words (``any_of(cond("absent"), all_of("unexpired", "same_payload", ...))``) and is tested once.
+
+Every botocore or connection error becomes LedgerUnavailable (fail closed); a failed condition is not an
+error but a WriteResult with ``ok=False`` and the item as it was (ReturnValuesOnConditionCheckFailure=ALL_OLD).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from botocore.exceptions import BotoCoreError, ClientError
+
+from worker.errors import LedgerUnavailable
+
+if TYPE_CHECKING:
+    from types_aiobotocore_dynamodb.client import DynamoDBClient
+    from types_aiobotocore_dynamodb.type_defs import AttributeValueTypeDef
+
+#: The partition key attribute; Terraform's table uses the same name.
+KEY_ATTRIBUTE = "key"
+#: The TTL attribute (epoch seconds).
+TTL_ATTRIBUTE = "expiration"
+
+#: Named condition fragments. Placeholders ``#name`` stand for the attribute ``name``; ``:value`` for values.
+CONDITIONS: dict[str, str] = {
+    "absent": "attribute_not_exists(#key)",
+    "unexpired": "#expiration > :now_s",
+    "same_payload": "#payload_hash = :payload_hash",
+    "lease_lapsed": "#lease_expires_at_ms <= :now_ms",
+    "in_progress": "#status = :in_progress",
+    "failed": "#status = :failed",
+    "owner_is_me": "#owner = :owner",
+    "token_is_mine": "#token = :token",
+    "token_unchanged": "#token = :seen_token",
+    "updated_at_unchanged": "#updated_at = :seen_updated_at",
+}
+
+_NAME = re.compile(r"#(\w+)")
+_VALUE = re.compile(r":(\w+)")
+_CONNECTION_ERRORS = (BotoCoreError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
+
+
+def cond(name: str) -> str:
+    """One named fragment, parenthesised."""
+    return f"({CONDITIONS[name]})"
+
+
+def all_of(*parts: str) -> str:
+    """Fragments (by name) or composed expressions (starting with "(") joined with AND."""
+    return "(" + " AND ".join(part if part.startswith("(") else cond(part) for part in parts) + ")"
+
+
+def any_of(*parts: str) -> str:
+    """Fragments (by name) or composed expressions joined with OR."""
+    return "(" + " OR ".join(part if part.startswith("(") else cond(part) for part in parts) + ")"
+
+
+def encode_value(value: object) -> AttributeValueTypeDef:
+    """A plain Python value as a DynamoDB attribute value (str, int, float, bool, None only)."""
+    if value is None:
+        return {"NULL": True}
+    if isinstance(value, bool):
+        return {"BOOL": value}
+    if isinstance(value, str):
+        return {"S": value}
+    if isinstance(value, int | float):
+        return {"N": repr(value) if isinstance(value, float) else str(value)}
+    raise TypeError(f"cannot store a {type(value).__name__} in the ledger")
+
+
+def decode_value(attribute: Mapping[str, Any]) -> object:
+    """A DynamoDB attribute value as plain Python; numbers as int when integral, else float."""
+    if "S" in attribute:
+        return str(attribute["S"])
+    if "N" in attribute:
+        text = str(attribute["N"])
+        try:
+            return int(text)
+        except ValueError:
+            return float(text)
+    if "BOOL" in attribute:
+        return bool(attribute["BOOL"])
+    if "NULL" in attribute:
+        return None
+    raise ValueError(f"unsupported DynamoDB attribute type {sorted(attribute)}")
+
+
+def decode_item(item: Mapping[str, Any] | None) -> dict[str, object] | None:
+    if not item:
+        return None
+    return {name: decode_value(value) for name, value in item.items()}
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """Outcome of a conditional write: ``ok`` and the item after it (ok, when asked) or before it (not ok)."""
+
+    ok: bool
+    item: dict[str, object] | None
+
+
+@dataclass(frozen=True)
+class Update:
+    """The parts of an UpdateItem, by attribute name."""
+
+    assign: Mapping[str, object]
+    increment: Sequence[str] = ()
+    keep_if_present: Mapping[str, object] | None = None
+    remove: Sequence[str] = ()
+
+    def expression(self) -> tuple[str, dict[str, object]]:
+        clauses = [f"#{name} = :set_{name}" for name in self.assign]
+        values: dict[str, object] = {f"set_{name}": value for name, value in self.assign.items()}
+        for name in self.increment:
+            clauses.append(f"#{name} = if_not_exists(#{name}, :zero) + :one")
+            values.update(zero=0, one=1)
+        for name, value in (self.keep_if_present or {}).items():
+            clauses.append(f"#{name} = if_not_exists(#{name}, :keep_{name})")
+            values[f"keep_{name}"] = value
+        text = "SET " + ", ".join(clauses)
+        if self.remove:
+            text += " REMOVE " + ", ".join(f"#{name}" for name in self.remove)
+        return text, values
+
+
+def _placeholders(expressions: Sequence[str], values: Mapping[str, object]) -> dict[str, Any]:
+    """ExpressionAttributeNames and -Values for exactly the placeholders used (DynamoDB rejects unused ones)."""
+    text = " ".join(expressions)
+    names = {f"#{name}": name for name in _NAME.findall(text)}
+    used = set(_VALUE.findall(text))
+    missing = used - set(values)
+    if missing:
+        raise KeyError(f"no value for placeholders {sorted(missing)}")
+    arguments: dict[str, Any] = {"ExpressionAttributeNames": names}
+    if used:
+        arguments["ExpressionAttributeValues"] = {f":{name}": encode_value(values[name]) for name in sorted(used)}
+    return arguments
+
+
+class DynamoDBStore:
+    """Reads and conditional writes of ledger items in one table, through an injected aiobotocore client."""
+
+    def __init__(self, client: DynamoDBClient, table_name: str) -> None:
+        self._client = client
+        self.table_name = table_name
+
+    async def get(self, key: str) -> dict[str, object] | None:
+        """The item (strongly consistent read), or None."""
+        try:
+            response = await self._client.get_item(
+                TableName=self.table_name, Key={KEY_ATTRIBUTE: {"S": key}}, ConsistentRead=True
+            )
+        except ClientError as exc:
+            raise self._unavailable("GetItem", exc) from exc
+        except _CONNECTION_ERRORS as exc:
+            raise self._unavailable("GetItem", exc) from exc
+        return decode_item(response.get("Item"))
+
+    async def update(
+        self, key: str, update: Update, *, condition: str, values: Mapping[str, object], return_new: bool = False
+    ) -> WriteResult:
+        """One conditional UpdateItem. ``ok=False`` with the old item when the condition fails."""
+        update_text, update_values = update.expression()
+        arguments = _placeholders([update_text, condition], {**values, **update_values})
+        try:
+            response = await self._client.update_item(
+                TableName=self.table_name,
+                Key={KEY_ATTRIBUTE: {"S": key}},
+                UpdateExpression=update_text,
+                ConditionExpression=condition,
+                ReturnValues="ALL_NEW" if return_new else "NONE",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                **arguments,
+            )
+        except ClientError as exc:
+            return self._condition_failed(exc, "UpdateItem")
+        except _CONNECTION_ERRORS as exc:
+            raise self._unavailable("UpdateItem", exc) from exc
+        return WriteResult(True, decode_item(response.get("Attributes")))
+
+    async def put(self, item: Mapping[str, object], *, condition: str, values: Mapping[str, object]) -> WriteResult:
+        """One conditional PutItem replacing the whole item. ``ok=False`` with the old item when refused."""
+        arguments = _placeholders([condition], values)
+        try:
+            await self._client.put_item(
+                TableName=self.table_name,
+                Item={name: encode_value(value) for name, value in item.items() if value is not None},
+                ConditionExpression=condition,
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                **arguments,
+            )
+        except ClientError as exc:
+            return self._condition_failed(exc, "PutItem")
+        except _CONNECTION_ERRORS as exc:
+            raise self._unavailable("PutItem", exc) from exc
+        return WriteResult(True, dict(item))
+
+    def _condition_failed(self, exc: ClientError, operation: str) -> WriteResult:
+        if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+            raise self._unavailable(operation, exc) from exc
+        old = exc.response.get("Item")  # botocore puts ALL_OLD here
+        return WriteResult(False, decode_item(old if isinstance(old, Mapping) else None))
+
+    def _unavailable(self, operation: str, exc: Exception) -> LedgerUnavailable:
+        if isinstance(exc, ClientError):
+            code = exc.response.get("Error", {}).get("Code", "?")
+            hint = " (run `sqs-worker bootstrap` to create it)" if code == "ResourceNotFoundException" else ""
+            return LedgerUnavailable(f"{operation} on table {self.table_name!r} failed: {code}{hint}")
+        return LedgerUnavailable(f"{operation} on table {self.table_name!r} failed: {type(exc).__name__}: {exc}")
+
+
+async def create_table(client: DynamoDBClient, name: str, *, wait_s: float = 120.0) -> bool:
+    """Create the ledger table (on-demand billing, partition key ``key`` (S), TTL on ``expiration``).
+
+    Idempotent: an existing table is left as is, and TTL is enabled on it when it is not yet. Returns whether
+    the table was created. Waits (at most ``wait_s``) until the table is ACTIVE before enabling TTL.
+    """
+    created = True
+    try:
+        await client.create_table(
+            TableName=name,
+            AttributeDefinitions=[{"AttributeName": KEY_ATTRIBUTE, "AttributeType": "S"}],
+            KeySchema=[{"AttributeName": KEY_ATTRIBUTE, "KeyType": "HASH"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
+            raise LedgerUnavailable(f"cannot create table {name!r}: {exc}") from exc
+        created = False
+    except _CONNECTION_ERRORS as exc:
+        raise LedgerUnavailable(f"cannot create table {name!r}: {type(exc).__name__}: {exc}") from exc
+    try:
+        delay_s = 1.0
+        waiter = client.get_waiter("table_exists")
+        await waiter.wait(
+            TableName=name, WaiterConfig={"Delay": int(delay_s), "MaxAttempts": max(1, int(wait_s / delay_s))}
+        )
+        ttl = await client.describe_time_to_live(TableName=name)
+        description = ttl.get("TimeToLiveDescription", {})
+        if description.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
+            await client.update_time_to_live(
+                TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE}
+            )
+    except (ClientError, *_CONNECTION_ERRORS) as exc:
+        raise LedgerUnavailable(f"cannot enable TTL on table {name!r}: {type(exc).__name__}: {exc}") from exc
+    return created
