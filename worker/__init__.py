@@ -1,1 +1,33 @@
-"""sqs-worker."""
+"""sqs-worker: background jobs on AWS SQS.
+
+Register handlers with ``@job``; raise ``PermanentError`` or ``RetryableError`` to steer retries.
+"""
+
+from worker.context import JobContext
+from worker.errors import (
+    ConfigError,
+    InvalidMessage,
+    JobError,
+    LedgerUnavailable,
+    PermanentError,
+    QueueUnavailable,
+    RetryableError,
+    WorkerError,
+)
+from worker.jobs import JobSpec, Registry, default_registry, job
+
+__all__ = [
+    "ConfigError",
+    "InvalidMessage",
+    "JobContext",
+    "JobError",
+    "JobSpec",
+    "LedgerUnavailable",
+    "PermanentError",
+    "QueueUnavailable",
+    "Registry",
+    "RetryableError",
+    "WorkerError",
+    "default_registry",
+    "job",
+]

@@ -1,0 +1,142 @@
+"""Running the real worker in-process against a local AWS endpoint, and watching what it does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+from aiobotocore.session import get_session
+
+from worker.bootstrap import Created, ensure_queues
+from worker.events import Event, Kind, Observers
+from worker.jobs import Registry
+from worker.runtime import RuntimeOptions, Worker
+from worker.sqs import Queue
+
+
+def sqs_client(endpoint_url: str) -> Any:
+    return boto3.client("sqs", endpoint_url=endpoint_url, region_name="us-east-1")
+
+
+def make_queues(endpoint_url: str, *, fifo: bool = False, max_receive_count: int = 10) -> Created:
+    name = f"q-{uuid.uuid4().hex[:10]}" + (".fifo" if fifo else "")
+    return ensure_queues(sqs_client(endpoint_url), name, max_receive_count=max_receive_count)
+
+
+class Recorder:
+    """An Observer that keeps every event and lets a test await a condition on them."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.connectivity_changes: list[tuple[str, bool]] = []
+        self._changed = asyncio.Event()
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
+        self._changed.set()
+
+    def gauge(self, *, in_flight: int, free_slots: int) -> None:
+        return None
+
+    def connectivity(self, *, service: str, reachable: bool) -> None:
+        self.connectivity_changes.append((service, reachable))
+        self._changed.set()
+
+    def of(self, kind: Kind) -> list[Event]:
+        return [e for e in self.events if e.kind is kind]
+
+    async def wait_for(self, condition: Callable[[Recorder], bool], timeout_s: float = 30.0) -> None:
+        async def waiter() -> None:
+            while not condition(self):
+                self._changed.clear()
+                await self._changed.wait()
+
+        try:
+            await asyncio.wait_for(waiter(), timeout=timeout_s)
+        except TimeoutError:
+            kinds = [(e.kind.value, e.job_type, e.attempt, e.category) for e in self.events]
+            raise AssertionError(f"condition not met within {timeout_s} s; events: {kinds}") from None
+
+    async def wait_count(self, kind: Kind, count: int, timeout_s: float = 30.0) -> list[Event]:
+        await self.wait_for(lambda r: len(r.of(kind)) >= count, timeout_s)
+        return self.of(kind)
+
+
+@dataclass
+class Running:
+    worker: Worker
+    recorder: Recorder
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+
+@contextlib.asynccontextmanager
+async def running_worker(
+    endpoint_url: str,
+    queues: Created,
+    registry: Registry,
+    *,
+    concurrency: int = 4,
+    visibility_timeout_s: int = 30,
+    shutdown_grace_s: float = 10.0,
+    poll_wait_s: int = 1,
+    ledger: Any = None,
+) -> AsyncIterator[Running]:
+    session = get_session()
+    async with session.create_client("sqs", endpoint_url=endpoint_url, region_name="us-east-1") as client:
+        recorder = Recorder()
+        worker = Worker(
+            registry=registry,
+            queue=Queue(client, queues.queue_url),
+            dlq=Queue(client, queues.dlq_url),
+            options=RuntimeOptions(
+                concurrency=concurrency,
+                visibility_timeout_s=visibility_timeout_s,
+                shutdown_grace_s=shutdown_grace_s,
+                poll_wait_s=poll_wait_s,
+            ),
+            observers=Observers([recorder]),
+            ledger=ledger,
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        running = Running(worker, recorder, stop, task)
+        try:
+            yield running
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=shutdown_grace_s + 30)
+
+
+def send(endpoint_url: str, queue_url: str, body: str | dict[str, Any], **kwargs: Any) -> str:
+    text = body if isinstance(body, str) else json.dumps(body)
+    response = sqs_client(endpoint_url).send_message(QueueUrl=queue_url, MessageBody=text, **kwargs)
+    message_id: str = response["MessageId"]
+    return message_id
+
+
+def drain(endpoint_url: str, queue_url: str, *, expect: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """Receive (and delete) until ``expect`` messages were seen or the time is up."""
+    import time
+
+    client = sqs_client(endpoint_url)
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < expect and time.monotonic() < deadline:
+        response = client.receive_message(
+            QueueUrl=queue_url,
+            MaxNumberOfMessages=10,
+            WaitTimeSeconds=1,
+            MessageAttributeNames=["All"],
+            MessageSystemAttributeNames=["All"],
+        )
+        for message in response.get("Messages", []):
+            seen.append(message)
+            client.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+    return seen

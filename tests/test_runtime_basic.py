@@ -1,0 +1,118 @@
+"""The worker against a real SQS endpoint over HTTP: success, retry, dead-lettering of bad input."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from tests.support.backends import Backend
+from tests.support.harness import drain, make_queues, running_worker, send
+from worker import PermanentError
+from worker.events import Kind
+from worker.jobs import Registry
+
+
+class Email(BaseModel):
+    to: str
+    subject: str
+
+
+def registry_with(calls: list[Any]) -> Registry:
+    registry = Registry()
+
+    @registry.job("send_email")
+    async def send_email(payload: Email) -> None:
+        calls.append(payload)
+
+    @registry.job("echo")
+    def echo(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        calls.append((payload, ctx.attempt))
+        return payload
+
+    @registry.job("refuse")
+    async def refuse(payload: dict[str, Any]) -> None:
+        raise PermanentError("the account is closed")
+
+    @registry.job("buggy")
+    async def buggy(payload: dict[str, Any]) -> None:
+        payload.no_such_method()  # type: ignore[attr-defined]
+
+    return registry
+
+
+async def test_success_deletes_the_message(backend: Backend) -> None:
+    queues = make_queues(backend.endpoint_url)
+    calls: list[Any] = []
+    async with running_worker(backend.endpoint_url, queues, registry_with(calls)) as running:
+        send(backend.endpoint_url, queues.queue_url, {"type": "send_email", "payload": {"to": "a@b.c", "subject": "hi"}})
+        send(backend.endpoint_url, queues.queue_url, {"type": "echo", "payload": {"n": 1}})
+        await running.recorder.wait_count(Kind.SUCCEEDED, 2)
+    assert Email(to="a@b.c", subject="hi") in calls
+    assert ({"n": 1}, 1) in calls
+    assert drain(backend.endpoint_url, queues.queue_url, expect=1, timeout_s=2) == []
+
+
+BAD_INPUTS = [
+    ("not json {", "invalid_message"),
+    ("[1, 2, 3]", "invalid_message"),
+    (json.dumps({"payload": {}}), "invalid_message"),
+    (json.dumps({"type": "no_such_job", "payload": {}}), "unknown_type"),
+    (json.dumps({"type": "send_email", "payload": {"to": "x"}}), "invalid_payload"),
+    ("\u0001\u00ff\ufffd\u0007garbage\u00e9\u4e2d", "invalid_message"),
+    (json.dumps({"type": "refuse", "payload": {"password": "hunter2"}}), "permanent"),
+    (json.dumps({"type": "buggy", "payload": {}}), "bug"),
+]
+
+
+async def test_bad_input_is_dead_lettered_with_its_category(backend: Backend) -> None:
+    queues = make_queues(backend.endpoint_url)
+    calls: list[Any] = []
+    async with running_worker(backend.endpoint_url, queues, registry_with(calls)) as running:
+        ids = {send(backend.endpoint_url, queues.queue_url, body): (body, category) for body, category in BAD_INPUTS}
+        await running.recorder.wait_count(Kind.DEAD_LETTERED, len(BAD_INPUTS))
+        # The worker keeps running: a good job after the bad ones still succeeds.
+        send(backend.endpoint_url, queues.queue_url, {"type": "echo", "payload": {"after": True}})
+        await running.recorder.wait_count(Kind.SUCCEEDED, 1)
+    records = drain(backend.endpoint_url, queues.dlq_url, expect=len(BAD_INPUTS))
+    assert len(records) == len(BAD_INPUTS)
+    for record in records:
+        attributes = {k: v["StringValue"] for k, v in record["MessageAttributes"].items()}
+        body, category = ids[attributes["original_message_id"]]
+        assert record["Body"] == body
+        assert attributes["error_category"] == category
+        assert attributes["attempts"] == "1"
+        assert attributes["source_queue"] == queues.queue_url.rsplit("/", 1)[-1]
+        assert attributes["failed_at"].endswith("Z")
+        assert attributes["error_message"]
+        assert "hunter2" not in attributes["error_message"]
+    assert drain(backend.endpoint_url, queues.queue_url, expect=1, timeout_s=1) == []
+
+
+@pytest.mark.parametrize("max_attempts", [3])
+async def test_retries_grow_then_exhaust_to_the_dlq(backend: Backend, max_attempts: int) -> None:
+    queues = make_queues(backend.endpoint_url)
+    registry = Registry()
+    attempts: list[int] = []
+
+    @registry.job("flaky", max_attempts=max_attempts, backoff_base_s=1, backoff_max_s=60)
+    async def flaky(payload: dict[str, Any], ctx: Any) -> None:
+        attempts.append(ctx.attempt)
+        raise ConnectionError("upstream refused")
+
+    async with running_worker(backend.endpoint_url, queues, registry) as running:
+        send(backend.endpoint_url, queues.queue_url, {"type": "flaky", "payload": {}})
+        dead = await running.recorder.wait_count(Kind.DEAD_LETTERED, 1, timeout_s=40)
+    retries = running.recorder.of(Kind.RETRY_SCHEDULED)
+    assert [e.attempt for e in retries] == [1, 2]
+    assert attempts == [1, 2, 3]
+    assert retries[0].delay_s is not None and retries[1].delay_s is not None
+    assert 1 <= retries[0].delay_s <= 1 and 1 <= retries[1].delay_s <= 2
+    assert dead[0].category == "exhausted"
+    record = drain(backend.endpoint_url, queues.dlq_url, expect=1)[0]
+    attributes = {k: v["StringValue"] for k, v in record["MessageAttributes"].items()}
+    assert attributes["error_category"] == "exhausted"
+    assert attributes["attempts"] == "3"
+    assert attributes["error_message"] == "ConnectionError: upstream refused"

@@ -1,0 +1,133 @@
+"""Assembling a worker from settings: AWS clients, queue URLs, the DLQ, the ledger, observers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+
+from worker.errors import ConfigError, QueueUnavailable
+from worker.events import Observers
+from worker.jobs import Registry
+from worker.runtime import RuntimeOptions, Worker
+from worker.settings import WorkerSettings, aws_region
+from worker.sqs import Queue, redrive_target_url, resolve_queue_url
+
+if TYPE_CHECKING:
+    from types_aiobotocore_sqs import SQSClient
+
+
+def worker_id() -> str:
+    """Names this process in leases and logs: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def default_dlq_name(queue_name: str) -> str:
+    """``<queue>-dlq``; for a FIFO queue ``<queue>-dlq.fifo`` (a FIFO queue needs a FIFO DLQ)."""
+    if queue_name.endswith(".fifo"):
+        return queue_name[: -len(".fifo")] + "-dlq.fifo"
+    return queue_name + "-dlq"
+
+
+def queue_name_of(queue: str) -> str:
+    """The name part of a queue name or URL."""
+    return queue.rstrip("/").rsplit("/", 1)[-1]
+
+
+def client_config(settings: WorkerSettings) -> AioConfig:
+    loops = max(1, -(-settings.concurrency // 10))
+    return AioConfig(
+        max_pool_connections=loops + 16,
+        connect_timeout=5,
+        read_timeout=settings.poll_wait_s + 15,
+        retries={"mode": "standard", "total_max_attempts": 3},
+    )
+
+
+async def resolve_dlq_url(client: SQSClient, settings: WorkerSettings, queue_url: str) -> str:
+    """WORKER_DEAD_LETTER_QUEUE, else the queue's redrive target, else ``<queue>-dlq``."""
+    if settings.dead_letter_queue:
+        candidate = settings.dead_letter_queue
+    else:
+        target = await redrive_target_url(client, queue_url)
+        if target is not None:
+            return target
+        candidate = default_dlq_name(queue_name_of(queue_url))
+    try:
+        return await resolve_queue_url(client, candidate)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"dead-letter queue {candidate!r} does not exist: run `sqs-worker bootstrap` "
+            "or set WORKER_DEAD_LETTER_QUEUE"
+        ) from exc
+
+
+async def wait_for_endpoint(client: SQSClient, settings: WorkerSettings, stop: asyncio.Event) -> tuple[str, str]:
+    """Resolve the queue and DLQ URLs, waiting out an unreachable endpoint (until ``stop``)."""
+    import logging
+
+    log = logging.getLogger("worker")
+    delay_s = 0.5
+    warned = False
+    while True:
+        try:
+            queue_url = await resolve_queue_url(client, settings.queue)
+            return queue_url, await resolve_dlq_url(client, settings, queue_url)
+        except QueueUnavailable as exc:
+            if not warned:
+                log.warning("sqs unreachable at start, waiting for it: %s", exc)
+                warned = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay_s)
+            if stop.is_set():
+                raise
+            delay_s = min(delay_s * 2, 20.0)
+
+
+@contextlib.asynccontextmanager
+async def open_worker(
+    settings: WorkerSettings,
+    registry: Registry,
+    *,
+    stop: asyncio.Event,
+    observers: Observers | None = None,
+) -> AsyncIterator[Worker]:
+    """A Worker wired to the configured queue, DLQ and (when configured) idempotency table."""
+    if len(registry) == 0:
+        raise ConfigError("no job handlers registered: set WORKER_HANDLERS to the modules that define @job handlers")
+    session = get_session()
+    region = aws_region()
+    config = client_config(settings)
+    async with contextlib.AsyncExitStack() as stack:
+        sqs: SQSClient = await stack.enter_async_context(
+            session.create_client("sqs", region_name=region, config=config)
+        )
+        queue_url, dlq_url = await wait_for_endpoint(sqs, settings, stop)
+        ledger: Any = None
+        if settings.idempotency_table:
+            from worker.idempotency import Ledger
+
+            dynamodb = await stack.enter_async_context(
+                session.create_client("dynamodb", region_name=region, config=config)
+            )
+            ledger = Ledger(dynamodb, settings.idempotency_table, owner=worker_id())
+        yield Worker(
+            registry=registry,
+            queue=Queue(sqs, queue_url),
+            dlq=Queue(sqs, dlq_url),
+            options=RuntimeOptions(
+                concurrency=settings.concurrency,
+                visibility_timeout_s=settings.visibility_timeout_s,
+                shutdown_grace_s=settings.shutdown_grace_s,
+                poll_wait_s=settings.poll_wait_s,
+            ),
+            observers=observers,
+            ledger=ledger,
+        )

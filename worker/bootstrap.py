@@ -1,0 +1,86 @@
+"""Creating the queue, its dead-letter queue and the redrive policy (and the idempotency table): safe to repeat."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from worker.errors import ConfigError, QueueUnavailable
+
+if TYPE_CHECKING:
+    from mypy_boto3_sqs import SQSClient
+
+#: A DLQ keeps messages longer than its source (14 days, the SQS maximum), so nothing expires on the way.
+DLQ_RETENTION_S = 1_209_600
+QUEUE_RETENTION_S = 345_600
+
+
+@dataclass(frozen=True)
+class Created:
+    queue_url: str
+    dlq_url: str
+    max_receive_count: int
+
+
+def ensure_queues(
+    client: SQSClient,
+    queue: str,
+    *,
+    dlq: str | None = None,
+    max_receive_count: int = 7,
+    visibility_timeout_s: int = 30,
+) -> Created:
+    """Create (or update) the queue and its DLQ with a redrive policy. Names, not URLs."""
+    from worker.app import default_dlq_name, queue_name_of
+
+    queue_name = queue_name_of(queue)
+    dlq_name = queue_name_of(dlq) if dlq else default_dlq_name(queue_name)
+    fifo = queue_name.endswith(".fifo")
+    if fifo != dlq_name.endswith(".fifo"):
+        raise ConfigError("a FIFO queue needs a FIFO dead-letter queue (both names end in .fifo), and vice versa")
+    try:
+        dlq_attributes = {"MessageRetentionPeriod": str(DLQ_RETENTION_S), "SqsManagedSseEnabled": "true"}
+        if fifo:
+            dlq_attributes["FifoQueue"] = "true"
+        dlq_url = _create(client, dlq_name, dlq_attributes)
+        dlq_arn = client.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        attributes = {
+            "MessageRetentionPeriod": str(QUEUE_RETENTION_S),
+            "VisibilityTimeout": str(visibility_timeout_s),
+            "ReceiveMessageWaitTimeSeconds": "20",
+            "SqsManagedSseEnabled": "true",
+            "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(max_receive_count)}),
+        }
+        if fifo:
+            attributes["FifoQueue"] = "true"
+        queue_url = _create(client, queue_name, attributes)
+        queue_arn = client.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        client.set_queue_attributes(
+            QueueUrl=dlq_url,
+            Attributes={
+                "RedriveAllowPolicy": json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": [queue_arn]})
+            },
+        )
+    except (BotoCoreError, OSError) as exc:
+        raise QueueUnavailable(f"cannot reach SQS: {exc}") from exc
+    except ClientError as exc:
+        raise ConfigError(f"cannot create queues: {exc}") from exc
+    return Created(queue_url=queue_url, dlq_url=dlq_url, max_receive_count=max_receive_count)
+
+
+def _create(client: SQSClient, name: str, attributes: dict[str, str]) -> str:
+    """Create a queue, or update the attributes of the one that exists (CreateQueue rejects changed ones)."""
+    try:
+        return client.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]  # type: ignore[arg-type]
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in ("QueueAlreadyExists", "QueueNameExists"):
+            raise
+    url = client.get_queue_url(QueueName=name)["QueueUrl"]
+    changeable = {k: v for k, v in attributes.items() if k != "FifoQueue"}
+    client.set_queue_attributes(QueueUrl=url, Attributes=changeable)  # type: ignore[arg-type]
+    return url
