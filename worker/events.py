@@ -2,7 +2,8 @@
 
 The runtime calls ``observer.emit(event)`` at each state change of a job, ``observer.gauge(...)`` about
 once a second while its main loop turns (a liveness signal too), and ``observer.connectivity(...)`` when
-an endpoint (service "sqs" or "dynamodb") becomes unreachable or reachable again. Observers must be quick and must not raise: they run on the event loop.
+an endpoint (service "sqs" or "dynamodb") becomes unreachable or reachable again.
+Observers must be quick and must not raise: they run on the event loop.
 """
 
 from __future__ import annotations
