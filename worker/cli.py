@@ -11,9 +11,7 @@ from collections.abc import Sequence
 from worker.errors import ConfigError, WorkerError
 
 #: Modules that each define ``add_parser(subparsers)``; their parsers set ``func(args) -> int``.
-COMMAND_MODULES = (
-    "worker.commands.core",
-)
+COMMAND_MODULES = ("worker.commands.core",)
 
 
 def build_parser() -> argparse.ArgumentParser:

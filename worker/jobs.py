@@ -68,7 +68,7 @@ def inspect_handler(handler: Handler) -> tuple[type[BaseModel] | None, bool]:
     signature = inspect.signature(handler)
     try:
         hints = typing.get_type_hints(handler)
-    except Exception:  # noqa: BLE001 - unresolved forward references: fall back to no annotations
+    except Exception:
         hints = {}
     params = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if not params:
