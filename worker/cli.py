@@ -11,7 +11,10 @@ from collections.abc import Sequence
 from worker.errors import ConfigError, WorkerError
 
 #: Modules that each define ``add_parser(subparsers)``; their parsers set ``func(args) -> int``.
-COMMAND_MODULES = ("worker.commands.core",)
+COMMAND_MODULES = (
+    "worker.commands.core",
+    "worker.commands.health",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,173 @@
+"""Core commands: run, bootstrap, enqueue, dev, schema."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from worker.errors import ConfigError
+
+
+def add_parser(subparsers: Any) -> None:
+    run = subparsers.add_parser(
+        "run",
+        help="consume the queue until SIGTERM or SIGINT",
+        description="Consume WORKER_QUEUE with the handlers in WORKER_HANDLERS until SIGTERM or SIGINT.",
+    )
+    run.set_defaults(func=cmd_run)
+
+    bootstrap = subparsers.add_parser(
+        "bootstrap",
+        help="create the queue, its DLQ and redrive policy (and the idempotency table); safe to repeat",
+        description="Create WORKER_QUEUE and its dead-letter queue with a redrive policy at the configured "
+        "endpoint, and the WORKER_IDEMPOTENCY_TABLE when set. Safe to repeat.",
+    )
+    bootstrap.add_argument(
+        "--max-receive-count",
+        type=int,
+        default=None,
+        help="redrive maxReceiveCount (default: WORKER_MAX_RECEIVE_COUNT, else the handlers' max_attempts + 2)",
+    )
+    bootstrap.set_defaults(func=cmd_bootstrap)
+
+    enqueue = subparsers.add_parser(
+        "enqueue",
+        help="send one job to the queue",
+        description="Send one job (the envelope {type, payload, idempotency_key}) to WORKER_QUEUE.",
+    )
+    enqueue.add_argument("type", help="the job type, e.g. send_email")
+    enqueue.add_argument("--payload", default="{}", help="the payload as a JSON object (default: {})")
+    enqueue.add_argument("--delay-s", type=int, default=0, help="deliver after this many seconds (max 900)")
+    enqueue.add_argument("--idempotency-key", default=None, help="jobs with the same key take effect once")
+    enqueue.add_argument("--group-id", default=None, help="FIFO queues: the MessageGroupId (default: the type)")
+    enqueue.set_defaults(func=cmd_enqueue)
+
+    dev = subparsers.add_parser(
+        "dev",
+        help="run the worker on an embedded local AWS (no account, no Docker)",
+        description="Start a moto server in-process on a free loopback port, bootstrap a queue, DLQ and table, "
+        "run the worker with the example handlers (plus WORKER_HANDLERS), enqueue a few demo jobs, and fire "
+        "the schedules of WORKER_SCHEDULES_FILE on time.",
+    )
+    dev.add_argument("--port", type=int, default=0, help="port of the local AWS endpoint (default: a free one)")
+    dev.add_argument("--no-demo", action="store_true", help="do not enqueue the demo jobs at start")
+    dev.set_defaults(func=cmd_dev)
+
+    schema = subparsers.add_parser(
+        "schema", help="print the message envelope's JSON Schema", description="Print the envelope's JSON Schema."
+    )
+    schema.set_defaults(func=cmd_schema)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from worker.jobs import default_registry, import_handlers
+    from worker.logs import configure_logging
+    from worker.service import serve
+    from worker.settings import aws_region, load_settings
+
+    settings = load_settings()
+    aws_region()
+    configure_logging(settings)
+    import_handlers(settings.handlers)
+    asyncio.run(serve(settings, default_registry))
+    return 0
+
+
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    from worker.bootstrap import ensure_queues
+    from worker.jobs import default_registry, import_handlers
+    from worker.settings import aws_region, load_settings
+
+    settings = load_settings()
+    region = aws_region()
+    import_handlers(settings.handlers)
+    max_receive_count = args.max_receive_count or settings.max_receive_count or default_max_receive_count()
+    created = ensure_queues(
+        sqs_client(region),
+        settings.queue,
+        dlq=settings.dead_letter_queue,
+        max_receive_count=max_receive_count,
+        visibility_timeout_s=settings.visibility_timeout_s,
+    )
+    print(f"queue:            {created.queue_url}")
+    print(f"dead-letter queue: {created.dlq_url} (maxReceiveCount {created.max_receive_count})")
+    if settings.idempotency_table:
+        created_table = asyncio.run(ensure_table(region, settings.idempotency_table))
+        print(f"idempotency table: {settings.idempotency_table} ({'created' if created_table else 'exists'})")
+    del default_registry
+    return 0
+
+
+def default_max_receive_count() -> int:
+    """A little above the largest max_attempts of the registered jobs, so the worker dead-letters first."""
+    from worker.jobs import default_registry
+
+    attempts = [spec.max_attempts for spec in default_registry.specs()] or [5]
+    return max(attempts) + 2
+
+
+async def ensure_table(region: str, name: str) -> bool:
+    from aiobotocore.session import get_session
+
+    from worker.idempotency import create_table
+
+    async with get_session().create_client("dynamodb", region_name=region) as client:
+        return await create_table(client, name)
+
+
+def sqs_client(region: str) -> Any:
+    import boto3
+
+    return boto3.client("sqs", region_name=region)
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    from worker.app import queue_name_of
+    from worker.producer import Job, enqueue
+    from worker.settings import aws_region, load_settings
+
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--payload is not JSON: {exc.msg}") from None
+    if not isinstance(payload, dict):
+        raise ConfigError('--payload must be a JSON object, e.g. \'{"to": "a@example.com"}\'')
+    settings = load_settings()
+    client = sqs_client(aws_region())
+    queue_url = settings.queue
+    if not queue_url.startswith(("http://", "https://")):
+        queue_url = resolve_url(client, queue_name_of(queue_url))
+    message_id = enqueue(
+        client,
+        queue_url,
+        Job(args.type, payload, args.idempotency_key, args.delay_s, args.group_id),
+    )
+    print(message_id)
+    return 0
+
+
+def resolve_url(client: Any, name: str) -> str:
+    from botocore.exceptions import ClientError
+
+    try:
+        url: str = client.get_queue_url(QueueName=name)["QueueUrl"]
+    except ClientError as exc:
+        raise ConfigError(f"queue {name!r} does not exist: run `sqs-worker bootstrap` first") from exc
+    return url
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from worker.envelope import envelope_schema
+
+    json.dump(envelope_schema(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from worker.devserver import run_dev
+
+    return run_dev(port=args.port, demo=not args.no_demo)

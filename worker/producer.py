@@ -1,0 +1,80 @@
+"""A convenience producer over plain boto3. Never required: any ``send_message`` of the envelope works."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from worker.envelope import dump_envelope
+from worker.errors import ConfigError, QueueUnavailable
+
+if TYPE_CHECKING:
+    from mypy_boto3_sqs import SQSClient
+
+#: SQS caps DelaySeconds at 15 minutes.
+MAX_DELAY_S = 900
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job to enqueue."""
+
+    type: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    idempotency_key: str | None = None
+    delay_s: int = 0
+    group_id: str | None = None  # FIFO queues: the MessageGroupId (default: the job type)
+
+
+def _entry(job: Job, *, fifo: bool) -> dict[str, Any]:
+    if not 0 <= job.delay_s <= MAX_DELAY_S:
+        raise ConfigError(f"delay_s must be between 0 and {MAX_DELAY_S} (SQS limit)")
+    entry: dict[str, Any] = {"MessageBody": dump_envelope(job.type, job.payload, job.idempotency_key)}
+    if fifo:
+        if job.delay_s:
+            raise ConfigError("FIFO queues take no per-message delay")
+        entry["MessageGroupId"] = job.group_id or job.type
+        entry["MessageDeduplicationId"] = job.idempotency_key or uuid.uuid4().hex
+    elif job.delay_s:
+        entry["DelaySeconds"] = job.delay_s
+    return entry
+
+
+def enqueue(client: SQSClient, queue_url: str, job: Job) -> str:
+    """Send one job; returns its MessageId."""
+    try:
+        response = client.send_message(QueueUrl=queue_url, **_entry(job, fifo=queue_url.endswith(".fifo")))
+    except (BotoCoreError, OSError) as exc:
+        raise QueueUnavailable(f"SendMessage failed: {exc}") from exc
+    except ClientError as exc:
+        raise ConfigError(f"SendMessage refused: {exc}") from exc
+    return response["MessageId"]
+
+
+def enqueue_many(client: SQSClient, queue_url: str, jobs: Iterable[Job]) -> list[str]:
+    """Send jobs with SendMessageBatch, 10 per request; returns MessageIds in order.
+
+    Entries that SQS refuses are retried once on their own; a job that still fails raises, naming it.
+    """
+    fifo = queue_url.endswith(".fifo")
+    all_jobs = list(jobs)
+    ids: list[str] = [""] * len(all_jobs)
+    for start in range(0, len(all_jobs), 10):
+        chunk = all_jobs[start : start + 10]
+        entries = [{"Id": str(start + i), **_entry(job, fifo=fifo)} for i, job in enumerate(chunk)]
+        try:
+            response = client.send_message_batch(QueueUrl=queue_url, Entries=entries)  # type: ignore[arg-type]
+        except (BotoCoreError, OSError) as exc:
+            raise QueueUnavailable(f"SendMessageBatch failed: {exc}") from exc
+        except ClientError as exc:
+            raise ConfigError(f"SendMessageBatch refused: {exc}") from exc
+        for ok in response.get("Successful", []):
+            ids[int(ok["Id"])] = ok["MessageId"]
+        for failed in response.get("Failed", []):
+            index = int(failed["Id"])
+            ids[index] = enqueue(client, queue_url, all_jobs[index])
+    return ids
