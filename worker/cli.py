@@ -14,6 +14,8 @@ from worker.errors import ConfigError, WorkerError
 COMMAND_MODULES = (
     "worker.commands.core",
     "worker.commands.health",
+    "worker.commands.dlq",
+    "worker.commands.stats",
 )
 
 

@@ -1,0 +1,231 @@
+"""``sqs-worker dlq list|show|redrive|requeue|purge``: see what failed and why, replay it, or drop it.
+
+The DLQ is WORKER_DEAD_LETTER_QUEUE, else the redrive target of WORKER_QUEUE, else ``<queue>-dlq``.
+Reading the DLQ (list, show, requeue) receives messages and releases them again: each read adds one to
+their ApproximateReceiveCount. A message leaves the DLQ only after its copy was sent; never the other way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from typing import Any
+
+from worker.dlq import (
+    MOVE_TASK_MAX_RATE,
+    DeadLetterQueue,
+    MoveResult,
+    Progress,
+    RateLimiter,
+    format_groups,
+    group_dead_letters,
+    now_utc,
+    queue_arn,
+    queue_name_of,
+    redrive_by_receiving,
+    requeue,
+    resolve_dlq_url,
+    resolve_queue_url,
+    sqs_client,
+    start_move_task,
+    wait_move_task,
+)
+from worker.logs import configure_logging
+from worker.settings import load_settings
+
+DEFAULT_READ_LIMIT = 1000
+
+
+def _rate(text: str) -> int:
+    value = text.strip().removesuffix("/s")
+    try:
+        rate = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a rate: {text!r} (messages per second, e.g. 50 or 50/s)") from None
+    if rate < 1:
+        raise argparse.ArgumentTypeError("the rate must be at least 1 message per second")
+    return rate
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "dlq",
+        help="inspect and replay the dead-letter queue",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = parser.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
+
+    listing = actions.add_parser("list", help="dead letters grouped by category and error, with counts")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.add_argument("--limit", type=_positive, default=DEFAULT_READ_LIMIT, help="read at most N (default 1000)")
+    listing.set_defaults(func=run_list)
+
+    show = actions.add_parser("show", help="one dead letter: body and attributes")
+    show.add_argument("id", help="the original message id or the DLQ message id")
+    show.add_argument("--limit", type=_positive, default=DEFAULT_READ_LIMIT, help="search at most N (default 1000)")
+    show.set_defaults(func=run_show)
+
+    redrive = actions.add_parser("redrive", help="move every dead letter back to the queue")
+    redrive.add_argument("--rate", type=_rate, help="at most N messages per second (e.g. 50 or 50/s)")
+    redrive.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    redrive.add_argument("--limit", type=_positive, help="move at most N (receive/send/delete path only)")
+    redrive.add_argument(
+        "--no-move-task", action="store_true", help="do not use StartMessageMoveTask; receive, send and delete"
+    )
+    redrive.set_defaults(func=run_redrive)
+
+    requeue_parser = actions.add_parser("requeue", help="send chosen dead letters back as fresh messages, audited")
+    requeue_parser.add_argument("ids", nargs="*", metavar="ID", help="original or DLQ message ids")
+    requeue_parser.add_argument("--category", help="requeue every dead letter of this category instead")
+    requeue_parser.add_argument("--reason", required=True, help="why (kept on the message as requeue_reason)")
+    requeue_parser.add_argument("--by", help="who (default: $USER)")
+    requeue_parser.add_argument("--limit", type=_positive, default=DEFAULT_READ_LIMIT, help="read at most N")
+    requeue_parser.set_defaults(func=run_requeue)
+
+    purge = actions.add_parser("purge", help="delete every message in the dead-letter queue")
+    purge.add_argument("--yes", action="store_true", help="required: purging cannot be undone")
+    purge.set_defaults(func=run_purge)
+
+
+def open_dlq() -> DeadLetterQueue:
+    settings = load_settings()
+    configure_logging(settings)
+    sqs = sqs_client()
+    source_url = resolve_queue_url(sqs, settings.queue)
+    dlq_url = resolve_dlq_url(sqs, source_url, settings.dead_letter_queue)
+    return DeadLetterQueue(sqs, dlq_url=dlq_url, source_url=source_url)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    dlq = open_dlq()
+    total = dlq.approximate_count()
+    letters = dlq.read(limit=args.limit)
+    groups = group_dead_letters(letters)
+    if args.json:
+        document = {
+            "dead_letter_queue": queue_name_of(dlq.dlq_url),
+            "approximate_total": total,
+            "read": len(letters),
+            "groups": [group.as_dict() for group in groups],
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(f"dead-letter queue: {queue_name_of(dlq.dlq_url)}")
+        print(format_groups(groups, read=len(letters), approximate_total=total))
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    dlq = open_dlq()
+    letter = dlq.find(args.id, limit=args.limit)
+    if letter is None:
+        print(f"no dead letter with id {args.id} among the first {args.limit} read", file=sys.stderr)
+        return 1
+    print(json.dumps(letter.describe(), indent=2, ensure_ascii=False))
+    return 0
+
+
+def _confirm(question: str) -> bool:
+    if not sys.stdin.isatty():
+        return False
+    try:
+        answer = input(f"{question} [y/N] ")
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _report(result: MoveResult, what: str) -> int:
+    print(f"{what}: {result.moved} moved by {result.method}")
+    for message_id, reason in result.failed:
+        print(f"  not moved: {message_id}: {reason}", file=sys.stderr)
+    if result.failed:
+        print(f"{len(result.failed)} message(s) stay in the dead-letter queue", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+def run_redrive(args: argparse.Namespace) -> int:
+    dlq = open_dlq()
+    total = dlq.approximate_count()
+    target = queue_name_of(dlq.source_url)
+    if not args.yes and not _confirm(f"move about {total} message(s) from {queue_name_of(dlq.dlq_url)} to {target}?"):
+        print("not confirmed: pass --yes to redrive without a question", file=sys.stderr)
+        return 2
+    progress = Progress(sys.stderr, total)
+    if not args.no_move_task and args.limit is None:
+        if args.rate is not None and args.rate > MOVE_TASK_MAX_RATE:
+            print(f"a move task moves at most {MOVE_TASK_MAX_RATE} messages/s; using that", file=sys.stderr)
+        dlq_arn = queue_arn(dlq.sqs, dlq.dlq_url)
+        handle = start_move_task(
+            dlq.sqs, dlq_arn=dlq_arn, source_arn=queue_arn(dlq.sqs, dlq.source_url), rate_per_s=args.rate
+        )
+        if handle is not None:
+            result = wait_move_task(dlq.sqs, dlq_arn=dlq_arn, task_handle=handle, progress=progress)
+            progress.finish(result.moved)
+            return _report(result, f"redrive to {target}")
+        print("the endpoint has no StartMessageMoveTask: moving by receive, send, delete", file=sys.stderr)
+    result = redrive_by_receiving(dlq, limiter=RateLimiter(args.rate), progress=progress, limit=args.limit)
+    progress.finish(result.moved, len(result.failed))
+    return _report(result, f"redrive to {target}")
+
+
+def _who(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    for name in ("USER", "LOGNAME", "USERNAME"):
+        if os.environ.get(name):
+            return os.environ[name]
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def run_requeue(args: argparse.Namespace) -> int:
+    if bool(args.ids) == bool(args.category):
+        print("give message ids or --category, not both and not neither", file=sys.stderr)
+        return 2
+    if not args.reason.strip():
+        print("--reason must say why", file=sys.stderr)
+        return 2
+    dlq = open_dlq()
+    wanted = set(args.ids)
+    with dlq.held(limit=args.limit) as letters:
+        if args.category:
+            chosen = [letter for letter in letters if letter.category == args.category]
+        else:
+            chosen = [letter for letter in letters if wanted & {letter.message_id, letter.original_message_id}]
+        missing = sorted(i for i in wanted if not any(letter.matches(i) for letter in chosen))
+        result = requeue(dlq, chosen, by=_who(args.by), reason=args.reason.strip(), at=now_utc())
+    for ident in missing:
+        result.failed.append((ident, f"not found among the first {args.limit} dead letters read"))
+    for old_id, new_id in result.new_message_ids:
+        print(f"requeued {old_id} as {new_id}")
+    if not chosen and args.category:
+        print(f"no dead letters of category {args.category!r}", file=sys.stderr)
+    return _report(result, f"requeue to {queue_name_of(dlq.source_url)}")
+
+
+def run_purge(args: argparse.Namespace) -> int:
+    if not args.yes:
+        print("refusing to purge without --yes: purging deletes every dead letter for good", file=sys.stderr)
+        return 2
+    dlq = open_dlq()
+    total = dlq.approximate_count()
+    dlq.purge()
+    print(f"purged {queue_name_of(dlq.dlq_url)} (about {total} message(s))")
+    return 0

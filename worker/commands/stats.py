@@ -1,0 +1,72 @@
+"""``sqs-worker stats [--watch] [--interval-s N] [--json]``: depth of the queue and of its dead-letter queue.
+
+Visible, in flight and delayed come from SQS (approximate, as SQS reports them). The oldest message's age
+comes from CloudWatch (``AWS/SQS ApproximateAgeOfOldestMessage``) and shows ``n/a`` where CloudWatch has no
+recent datapoint (a new or idle queue, a local emulator, no cloudwatch:GetMetricStatistics permission).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from worker.dlq import resolve_dlq_url, resolve_queue_url, sqs_client
+from worker.errors import ConfigError
+from worker.settings import aws_region, load_settings
+from worker.stats import MetricStatistics, format_stats, queue_stats, stats_json
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "stats",
+        help="messages visible, in flight, delayed and oldest age, for the queue and its DLQ",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--watch", action="store_true", help="repeat until interrupted")
+    parser.add_argument("--interval-s", type=float, default=5.0, help="seconds between refreshes (default 5)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per refresh")
+    parser.add_argument("--count", type=int, default=None, help=argparse.SUPPRESS)  # refreshes, for tests
+    parser.set_defaults(func=run)
+
+
+def _cloudwatch() -> MetricStatistics:
+    import boto3
+    from botocore.config import Config
+
+    config = Config(connect_timeout=5, read_timeout=10, retries={"mode": "standard", "total_max_attempts": 2})
+    client: MetricStatistics = boto3.client("cloudwatch", region_name=aws_region(), config=config)
+    return client
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.interval_s <= 0:
+        raise ConfigError("--interval-s must be > 0")
+    settings = load_settings()
+    sqs = sqs_client()
+    cloudwatch = _cloudwatch()
+    queue_url = resolve_queue_url(sqs, settings.queue)
+    dlq_url = resolve_dlq_url(sqs, queue_url, settings.dead_letter_queue)
+    refreshes = args.count if args.count is not None else (None if args.watch else 1)
+    done = 0
+    while refreshes is None or done < refreshes:
+        if done:
+            time.sleep(args.interval_s)
+        now = datetime.now(UTC)
+        rows = [
+            queue_stats(sqs, queue_url, role="queue", cloudwatch=cloudwatch, now=now),
+            queue_stats(sqs, dlq_url, role="dlq", cloudwatch=cloudwatch, now=now),
+        ]
+        if args.json:
+            print(stats_json(rows, at=now))
+        else:
+            if args.watch and sys.stdout.isatty():
+                print("\x1b[2J\x1b[H", end="")  # clear the screen between refreshes
+            print(now.isoformat(timespec="seconds"))
+            print(format_stats(rows))
+        sys.stdout.flush()
+        done += 1
+    return 0
