@@ -344,10 +344,7 @@ async def test_concurrent_claims_of_one_key_run_once(backend: Backend, table: st
         clients = [await stack.enter_async_context(dynamodb_client(backend.endpoint_url)) for _ in range(3)]
         ledgers = [make_ledger(client, table, clock, f"w{i}") for i, client in enumerate(clients)]
         claims = await asyncio.gather(
-            *(
-                ledgers[i % 3].claim(key=key, job_type="charge", payload_hash=HASH, lease_s=LEASE_S)
-                for i in range(20)
-            )
+            *(ledgers[i % 3].claim(key=key, job_type="charge", payload_hash=HASH, lease_s=LEASE_S) for i in range(20))
         )
     outcomes = sorted(claim.outcome for claim in claims)
     assert outcomes == ["busy"] * 19 + ["run"]
@@ -357,7 +354,7 @@ async def test_concurrent_claims_of_one_key_run_once(backend: Backend, table: st
 
 async def test_missing_table_is_unavailable_with_a_hint(dynamodb: DynamoDBClient, clock: FakeClock) -> None:
     ledger = make_ledger(dynamodb, f"missing-{uuid4().hex[:8]}", clock, "w1")
-    with pytest.raises(LedgerUnavailable, match="ResourceNotFoundException.*bootstrap"):
+    with pytest.raises(LedgerUnavailable, match=r"ResourceNotFoundException.*bootstrap"):
         await ledger.claim(key=new_key(), job_type="charge", payload_hash=HASH, lease_s=LEASE_S)
 
 

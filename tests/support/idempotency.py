@@ -66,7 +66,8 @@ async def dynamodb_client(endpoint_url: str, *, retries: int | None = None) -> A
     """An aiobotocore DynamoDB client for a local endpoint; ``retries`` caps botocore's attempts."""
     config = AioConfig(connect_timeout=2, read_timeout=10)
     if retries is not None:
-        config = AioConfig(connect_timeout=1, read_timeout=5, retries={"total_max_attempts": retries, "mode": "standard"})
+        retry_config = {"total_max_attempts": retries, "mode": "standard"}
+        config = AioConfig(connect_timeout=1, read_timeout=5, retries=retry_config)
     async with get_session().create_client(
         "dynamodb", region_name="us-east-1", endpoint_url=endpoint_url, config=config
     ) as client:
