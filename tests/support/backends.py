@@ -148,11 +148,12 @@ def _await_localstack_health(endpoint: str, timeout_s: float) -> None:
 def _delete_queues_and_tables(endpoint_url: str) -> None:
     import boto3
 
-    sqs = boto3.client("sqs", endpoint_url=endpoint_url)
+    session = boto3.session.Session()  # a fresh session: credentials (so the account) as the environment says now
+    sqs = session.client("sqs", endpoint_url=endpoint_url)
     for page in sqs.get_paginator("list_queues").paginate():
         for url in page.get("QueueUrls", []):
             sqs.delete_queue(QueueUrl=url)
-    dynamodb = boto3.client("dynamodb", endpoint_url=endpoint_url)
+    dynamodb = session.client("dynamodb", endpoint_url=endpoint_url)
     for tables in dynamodb.get_paginator("list_tables").paginate():
         for table in tables.get("TableNames", []):
             dynamodb.delete_table(TableName=table)
