@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 from uuid import uuid4
@@ -15,7 +16,18 @@ from botocore.exceptions import BotoCoreError
 from tests.support.backends import Backend
 from tests.support.idempotency import FakeClock, WriteCounter, dynamodb_client
 from worker.errors import LedgerUnavailable
-from worker.idempotency import CONFLICT_REASON, Ledger, State, Status, create_table, payload_hash
+from worker.idempotency import (
+    CONFLICT_REASON,
+    Ledger,
+    Record,
+    State,
+    Status,
+    create_table,
+    decide_claim,
+    parse_record,
+    payload_hash,
+)
+from worker.idempotency.dynamodb import encode_value
 from worker.localaws import free_port
 
 if TYPE_CHECKING:
@@ -368,3 +380,50 @@ async def test_unreachable_endpoint_raises_ledger_unavailable(clock: FakeClock) 
             await ledger.get("k")
         with pytest.raises(LedgerUnavailable):
             await create_table(client, "any")
+
+
+async def test_the_claim_condition_agrees_with_decide_claim(dynamodb: DynamoDBClient, table: str) -> None:
+    """Every combination of stored state, lease, expiry and payload, at the boundaries: the one conditional
+    write grants exactly the claims the pure ``decide_claim`` says run (or replace, for expired items)."""
+    clock = FakeClock(start_s=int(time.time()) + 0.5)  # exact in binary: now_ms and now_s have no rounding
+    now_ms, now_s = int(clock() * 1000), int(clock())
+    ledger = make_ledger(dynamodb, table, clock, "claimer")
+    cases = [None] + [
+        (status, owner, lease_ms, hash_, expiration)
+        for status in Status
+        for owner in ("holder", None)
+        for lease_ms in (now_ms + 1, now_ms, 0)
+        for hash_ in (HASH, OTHER_HASH)
+        for expiration in (now_s + 100, now_s, now_s - 1)
+    ]
+    for case in cases:
+        key = new_key()
+        old: Record | None = None
+        if case is not None:
+            status, owner, lease_ms, hash_, expiration = case
+            item: dict[str, object] = {
+                "key": key,
+                "status": status.value,
+                "owner": owner,
+                "token": 4,
+                "attempts": 3,
+                "lease_expires_at_ms": lease_ms,
+                "payload_hash": hash_,
+                "job_type": "charge",
+                "expiration": expiration,
+                "created_at": now_ms - 5000,
+                "updated_at": now_ms - 1000,
+            }
+            await dynamodb.put_item(
+                TableName=table, Item={name: encode_value(value) for name, value in item.items() if value is not None}
+            )
+            old = parse_record(item)
+        expected = decide_claim(old, payload_hash=HASH, now_ms=now_ms)
+        claim = await ledger.claim(key=key, job_type="charge", payload_hash=HASH, lease_s=LEASE_S)
+        assert claim.outcome == ("run" if expected == "replace" else expected), case
+        if claim.outcome == "run":
+            fresh = old is None or expected == "replace"
+            assert claim.token == (1 if old is None else 5), case
+            assert claim.attempts == (1 if fresh else 4), case
+        else:
+            assert await ledger.get(key) == old, case  # a refused claim leaves the item untouched
