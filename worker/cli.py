@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "worker.commands.health",
     "worker.commands.dlq",
     "worker.commands.stats",
+    "worker.commands.status",
 )
 
 

@@ -1,0 +1,110 @@
+"""``sqs-worker status KEY [--json] [--table NAME]``: what happened to the job with idempotency key KEY.
+
+Prints the ledger record: state (RUNNING, RETRY_PENDING, LEASE_LAPSED, COMPLETED, FAILED, EXPIRED), attempts,
+last error, progress, result, owner and lease. The table is WORKER_IDEMPOTENCY_TABLE unless --table is given.
+Exit code 0 when a record exists, 3 when there is none (never claimed, or expired and swept), 1 when the table
+cannot be read, 2 on a configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+
+from worker.errors import ConfigError
+from worker.idempotency import Ledger, Record, storage_key
+from worker.settings import aws_region, load_settings
+
+#: The command reads the ledger only; WORKER_QUEUE need not be set where it runs.
+_NO_QUEUE = "(not used by the status command)"
+NOT_FOUND_EXIT = 3
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="show a job's ledger record by idempotency key: state, attempts, last error, progress, result",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("key", metavar="KEY", help="the idempotency key (as in ctx.idempotency_key)")
+    parser.add_argument("--json", action="store_true", help="print the record as one JSON object")
+    parser.add_argument("--table", default=None, help="the table (default: WORKER_IDEMPOTENCY_TABLE)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    table = args.table or load_settings(queue=_NO_QUEUE).idempotency_table
+    if not table:
+        raise ConfigError("no idempotency table: set WORKER_IDEMPOTENCY_TABLE or pass --table")
+    record = asyncio.run(fetch(table, storage_key(args.key)))
+    now_ms = int(time.time() * 1000)
+    if record is None:
+        if args.json:
+            print(json.dumps({"key": args.key, "state": None}))
+        else:
+            print(f"no record for key {args.key!r} in table {table!r} (never claimed, or expired)", file=sys.stderr)
+        return NOT_FOUND_EXIT
+    if args.json:
+        print(json.dumps(record.to_json(now_ms), ensure_ascii=False))
+    else:
+        print(format_record(record, now_ms))
+    return 0
+
+
+async def fetch(table: str, key: str) -> Record | None:
+    config = AioConfig(connect_timeout=5, read_timeout=10, retries={"mode": "standard", "total_max_attempts": 3})
+    async with get_session().create_client("dynamodb", region_name=aws_region(), config=config) as client:
+        return await Ledger(client, table, owner="sqs-worker-status").get(key)
+
+
+def format_record(record: Record, now_ms: int) -> str:
+    """The record as aligned ``label: value`` lines for a terminal."""
+    progress = "-"
+    if record.progress is not None:
+        progress = f"{record.progress:g}%" + (f" ({record.progress_note})" if record.progress_note else "")
+    result = "-"
+    if record.result is not None:
+        result = json.dumps(record.result, ensure_ascii=False)
+    elif record.result_note:
+        result = record.result_note
+    owner = f"{record.owner} (token {record.token})" if record.owner else f"- (token {record.token})"
+    rows = [
+        ("key", record.key),
+        ("state", record.state(now_ms).value),
+        ("job type", record.job_type or "-"),
+        ("attempts", str(record.attempts)),
+        ("last error", record.last_error or "-"),
+        ("progress", progress),
+        ("result", result),
+        ("owner", owner),
+        ("lease", _lease(record, now_ms)),
+        ("created", _iso_ms(record.created_at)),
+        ("updated", _iso_ms(record.updated_at)),
+        ("expires", _iso_ms(record.expiration * 1000)),
+    ]
+    width = max(len(label) for label, _ in rows) + 1
+    return "\n".join(f"{label + ':':<{width}} {value}" for label, value in rows)
+
+
+def _lease(record: Record, now_ms: int) -> str:
+    if record.lease_expires_at_ms <= 0:
+        return "none"
+    remaining_s = (record.lease_expires_at_ms - now_ms) / 1000
+    if remaining_s > 0:
+        return f"{remaining_s:.1f} s left"
+    return f"lapsed {-remaining_s:.1f} s ago"
+
+
+def _iso_ms(epoch_ms: int) -> str:
+    if epoch_ms <= 0:
+        return "-"
+    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
