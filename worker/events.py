@@ -69,19 +69,19 @@ class Observers:
         for observer in self._observers:
             try:
                 observer.emit(event)
-            except Exception:  # noqa: S112 - an observer bug must not stop jobs
+            except Exception:  # noqa: S112 - an observer bug must not stop jobs  # nosec B112
                 continue
 
     def gauge(self, *, in_flight: int, free_slots: int) -> None:
         for observer in self._observers:
             try:
                 observer.gauge(in_flight=in_flight, free_slots=free_slots)
-            except Exception:  # noqa: S112
+            except Exception:  # noqa: S112  # nosec B112
                 continue
 
     def connectivity(self, *, service: str, reachable: bool) -> None:
         for observer in self._observers:
             try:
                 observer.connectivity(service=service, reachable=reachable)
-            except Exception:  # noqa: S112
+            except Exception:  # noqa: S112  # nosec B112
                 continue

@@ -244,7 +244,7 @@ async def serve_health(
     observer: HealthObserver,
     stop_event: asyncio.Event,
     *,
-    host: str = "0.0.0.0",  # noqa: S104 - probes come from outside the container
+    host: str = "0.0.0.0",  # noqa: S104 - probes come from outside the container  # nosec B104
     started: asyncio.Future[int] | None = None,
 ) -> None:
     """Serve /healthz (liveness) and /readyz (readiness) on ``settings.health_port`` until ``stop_event``."""

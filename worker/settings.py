@@ -51,7 +51,7 @@ class WorkerSettings(BaseSettings):
     )
     health_port: int | None = Field(default=None, ge=0, le=65_535, description="Serve /healthz and /readyz here.")
     health_file: str = Field(
-        default="/tmp/sqs-worker-health",  # noqa: S108 - a liveness timestamp, not a secret; overridable
+        default="/tmp/sqs-worker-health",  # noqa: S108 - a liveness timestamp, not a secret; overridable  # nosec B108
         description="File the running worker touches each loop turn; `sqs-worker health --check` reads it.",
     )
     health_max_age_s: float = Field(default=60.0, gt=0, description="Older liveness than this is unhealthy.")
