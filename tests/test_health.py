@@ -1,0 +1,134 @@
+"""Health: liveness file and its check command, the HTTP endpoint's liveness and readiness."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from worker.cli import main
+from worker.health import HealthObserver, check_liveness_file, liveness_from_timestamp, serve_health
+from worker.settings import WorkerSettings
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_liveness_rule() -> None:
+    assert not liveness_from_timestamp(None, now_epoch_s=100, max_age_s=10).ok
+    assert liveness_from_timestamp(95, now_epoch_s=100, max_age_s=10).ok
+    stale = liveness_from_timestamp(80, now_epoch_s=100, max_age_s=10)
+    assert not stale.ok
+    assert "20.0 s ago" in stale.reason
+
+
+def test_observer_writes_the_file_at_most_once_a_second(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "health"
+    mono, wall = Clock(10.0), Clock(1_000.0)
+    observer = HealthObserver(WorkerSettings(queue="q", health_file=str(path)), monotonic=mono, wall_clock=wall)
+    assert not observer.liveness().ok
+    observer.gauge(in_flight=0, free_slots=1)
+    assert path.read_text().strip() == "1000.000"
+    mono.now, wall.now = 10.5, 1_000.5
+    observer.gauge(in_flight=0, free_slots=1)
+    assert path.read_text().strip() == "1000.000"  # rate-limited
+    mono.now, wall.now = 11.2, 1_001.2
+    observer.gauge(in_flight=0, free_slots=1)
+    assert path.read_text().strip() == "1001.200"
+    assert check_liveness_file(path, max_age_s=5, now_epoch_s=1_003).ok
+    assert not check_liveness_file(path, max_age_s=5, now_epoch_s=1_010).ok
+    observer.close()
+    assert not path.exists()
+    assert not check_liveness_file(path, max_age_s=5).ok
+
+
+def test_readiness_follows_connectivity(tmp_path: Path) -> None:
+    mono = Clock(0.0)
+    settings = WorkerSettings(queue="q", health_file=str(tmp_path / "h"), health_max_age_s=30)
+    observer = HealthObserver(settings, monotonic=mono, write_file=False)
+    observer.gauge(in_flight=0, free_slots=1)
+    assert observer.readiness().ok
+    observer.connectivity(service="sqs", reachable=False)
+    assert observer.liveness().ok
+    assert not observer.readiness().ok
+    assert observer.readiness().details["unreachable"] == ["sqs"]
+    observer.connectivity(service="sqs", reachable=True)
+    assert observer.readiness().ok
+    mono.now = 31.0  # the loop stopped turning
+    assert not observer.liveness().ok
+    assert not observer.readiness().ok
+
+
+def get(url: str) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+async def test_http_endpoint(tmp_path: Path) -> None:
+    settings = WorkerSettings(queue="q", health_port=0, health_file=str(tmp_path / "h"), health_max_age_s=30)
+    observer = HealthObserver(settings, write_file=False)
+    stop = asyncio.Event()
+    started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    server = asyncio.create_task(serve_health(settings, observer, stop, host="127.0.0.1", started=started))
+    port = await asyncio.wait_for(started, 10)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        status, body = await asyncio.to_thread(get, f"{base}/healthz")
+        assert status == 503
+        assert body["status"] == "fail"
+        observer.gauge(in_flight=1, free_slots=3)
+        assert (await asyncio.to_thread(get, f"{base}/healthz"))[0] == 200
+        assert (await asyncio.to_thread(get, f"{base}/readyz"))[0] == 200
+        observer.connectivity(service="dynamodb", reachable=False)
+        status, body = await asyncio.to_thread(get, f"{base}/readyz")
+        assert status == 503
+        assert body["unreachable"] == ["dynamodb"]
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            await asyncio.to_thread(urllib.request.urlopen, f"{base}/nope", None, 5)
+        assert missing.value.code == 404
+    finally:
+        stop.set()
+        await asyncio.wait_for(server, 10)
+
+
+def test_health_check_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "health"
+    monkeypatch.setenv("WORKER_HEALTH_FILE", str(path))
+    monkeypatch.setenv("WORKER_HEALTH_MAX_AGE_S", "5")
+    monkeypatch.delenv("WORKER_QUEUE", raising=False)  # the check needs no queue
+    assert main(["health", "--check"]) == 1
+    assert "unhealthy" in capsys.readouterr().out
+    path.write_text(f"{time.time():.3f}\n")
+    assert main(["health", "--check"]) == 0
+    assert capsys.readouterr().out.startswith("healthy")
+    path.write_text(f"{time.time() - 60:.3f}\n")
+    assert main(["health"]) == 1
+    assert json.loads(capsys.readouterr().out)["healthy"] is False
+
+
+def test_health_check_command_as_a_process(tmp_path: Path) -> None:
+    """What a container HEALTHCHECK runs: the console script, its exit code."""
+    path = tmp_path / "health"
+    path.write_text(f"{time.time():.3f}\n")
+    env = {"WORKER_HEALTH_FILE": str(path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "health", "--check"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
