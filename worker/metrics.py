@@ -439,7 +439,9 @@ def build_metrics_observer(
         if cloudwatch_client is None:
             import boto3
 
-            cloudwatch_client = boto3.client("cloudwatch")
+            from worker.settings import aws_region
+
+            cloudwatch_client = boto3.client("cloudwatch", region_name=aws_region())
         return CloudWatchObserver(
             namespace=settings.metrics_namespace,
             queue=queue_name,
