@@ -4,13 +4,11 @@
 #   docker run --read-only --tmpfs /tmp -e WORKER_QUEUE=jobs -e WORKER_HANDLERS=myapp.jobs -e AWS_REGION=eu-west-1 sqs-worker
 # See docs/container.md.
 
-ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
-
 # uv, pinned to the version that wrote uv.lock; only its binary is copied out.
 FROM ghcr.io/astral-sh/uv:0.13.8 AS uv
 
 # Builder: install the locked runtime dependencies (no dependency groups, no extras) and the worker into /opt/venv.
-FROM ${PYTHON_IMAGE} AS builder
+FROM python:3.11.14-slim-bookworm AS builder
 COPY --from=uv /uv /usr/local/bin/uv
 ENV UV_PROJECT_ENVIRONMENT=/opt/venv \
     UV_PYTHON=/usr/local/bin/python3.11 \
@@ -26,8 +24,8 @@ COPY worker ./worker
 RUN uv sync --frozen --no-default-groups --no-editable \
     && /opt/venv/bin/sqs-worker --help >/dev/null
 
-# Runtime: the venv alone, a non-root numeric user, exec-form entrypoint.
-FROM ${PYTHON_IMAGE} AS runtime
+# Runtime: the same base as the builder (the venv links its Python), the venv alone, a non-root numeric user.
+FROM python:3.11.14-slim-bookworm AS runtime
 RUN groupadd --system --gid 10001 worker \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin worker

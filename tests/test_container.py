@@ -9,6 +9,7 @@ and survive .dockerignore; hadolint lints it; and the runtime venv is built the 
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import json
 import os
 import re
@@ -17,12 +18,16 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from worker.health import write_liveness_file
+from worker.settings import WorkerSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO_ROOT / "Dockerfile"
@@ -138,10 +143,7 @@ def test_images_are_pinned_and_the_runtime_is_the_slim_python_base(stages: list[
 
 def test_uv_stage_matches_the_uv_that_wrote_the_lock(stages: list[Stage]) -> None:
     uv_stage = next(stage for stage in stages if stage.image.startswith("ghcr.io/astral-sh/uv:"))
-    uv = shutil.which("uv")
-    assert uv is not None, "uv must be on PATH (it writes and installs uv.lock)"
-    version = subprocess.run([uv, "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
-    assert uv_stage.image.split(":")[1] == version.split()[1]
+    assert uv_stage.image.split(":")[1] == uv_version()
 
 
 def test_builder_installs_the_locked_runtime_set_only(stages: list[Stage]) -> None:
@@ -301,3 +303,86 @@ def test_healthcheck_exit_codes_follow_the_liveness_file(image_venv: Path, tmp_p
         image_venv, "sqs-worker", "health", "--check", WORKER_HEALTH_FILE=str(health_file), WORKER_HEALTH_MAX_AGE_S="60"
     )
     assert stale.returncode == 1, stale.stdout + stale.stderr
+
+
+COMPOSE_FILE = REPO_ROOT / "infra" / "docker-compose.yml"
+WORKFLOW_FILE = REPO_ROOT / ".github" / "workflows" / "ci.yml"
+LOCALSTACK_PIN = REPO_ROOT / "infra" / "localstack" / "requirements.in"
+
+
+def localstack_version() -> str:
+    match = re.search(r"^localstack-core\[runtime\]==(\S+)$", LOCALSTACK_PIN.read_text(encoding="utf-8"), re.M)
+    assert match, "localstack-core is not pinned exactly"
+    return match.group(1)
+
+
+def uv_version() -> str:
+    uv = shutil.which("uv")
+    assert uv is not None, "uv must be on PATH"
+    return subprocess.run([uv, "--version"], capture_output=True, text=True, timeout=30, check=True).stdout.split()[1]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
+    return loaded
+
+
+def test_compose_pins_the_localstack_the_host_launcher_runs(compose: dict[str, Any]) -> None:
+    assert compose["services"]["localstack"]["image"] == f"localstack/localstack:{localstack_version()}"
+
+
+@pytest.mark.parametrize("service", ["bootstrap", "worker"])
+def test_compose_worker_services_use_the_image_against_localstack(compose: dict[str, Any], service: str) -> None:
+    spec = compose["services"][service]
+    assert (COMPOSE_FILE.parent / spec["build"]["context"] / spec["build"]["dockerfile"]).resolve() == DOCKERFILE
+    assert spec["read_only"] is True
+    assert spec["tmpfs"] == ["/tmp"]
+    env = spec["environment"]
+    endpoint = urllib.parse.urlsplit(env["AWS_ENDPOINT_URL"])
+    assert endpoint.hostname in compose["services"], "AWS_ENDPOINT_URL must name the localstack service"
+    assert endpoint.port == 4566
+    unknown = {key for key in env if key.startswith("WORKER_")} - {
+        f"WORKER_{name.upper()}" for name in WorkerSettings.model_fields
+    }
+    assert not unknown, f"not worker settings: {unknown}"
+    settings = WorkerSettings(
+        **{key.removeprefix("WORKER_").lower(): value for key, value in env.items() if key.startswith("WORKER_")}
+    )
+    for module in settings.handlers:
+        importlib.import_module(module)
+
+
+def test_compose_runs_bootstrap_then_the_worker(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert services["bootstrap"]["command"] == ["bootstrap"]
+    assert services["bootstrap"]["depends_on"] == {"localstack": {"condition": "service_healthy"}}
+    assert services["worker"]["command"] == ["run"]
+    assert services["worker"]["depends_on"] == {"bootstrap": {"condition": "service_completed_successfully"}}
+    grace_s = int(services["worker"]["stop_grace_period"].removesuffix("s"))
+    assert grace_s > WorkerSettings.model_fields["shutdown_grace_s"].default, "docker stop must outwait the grace"
+
+
+@pytest.fixture(scope="module")
+def workflow() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(WORKFLOW_FILE.read_text(encoding="utf-8"))
+    return loaded
+
+
+def test_workflow_runs_the_tests_on_both_backends_with_localstack_as_a_service(workflow: dict[str, Any]) -> None:
+    tests = workflow["jobs"]["tests"]
+    assert tests["services"]["localstack"]["image"] == f"localstack/localstack:{localstack_version()}"
+    assert tests["env"]["LOCALSTACK_ENDPOINT_URL"].endswith(":4566")
+    assert set(tests["env"]["SQS_WORKER_TEST_BACKENDS"].split(",")) == {"moto", "localstack"}
+    assert any("pytest" in step.get("run", "") for step in tests["steps"])
+    assert set(workflow["jobs"]) >= {"lint", "tests", "terraform", "checkov"}
+
+
+def test_workflow_uses_the_lock_and_the_committed_scripts(workflow: dict[str, Any]) -> None:
+    assert workflow["env"]["UV_VERSION"] == uv_version()
+    commands = "\n".join(step.get("run", "") for job in workflow["jobs"].values() for step in job["steps"])
+    assert "uv sync --frozen" in commands
+    scripts = set(re.findall(r"bash (infra/\S+\.sh)", commands))
+    assert scripts >= {"infra/security-checks.sh", "infra/localstack/setup.sh", "infra/hadolint/setup.sh"}
+    for script in scripts:
+        assert (REPO_ROOT / script).is_file(), script
