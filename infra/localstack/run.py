@@ -61,6 +61,9 @@ def localstack_env(host: str, port: int, filesystem_root: Path) -> dict[str, str
             "DISABLE_EVENTS": "1",
             "SQS_DISABLE_CLOUDWATCH_METRICS": "1",
             "FILESYSTEM_ROOT": str(filesystem_root),
+            # This machine (and many CI runners) looks like a container (/.dockerenv): LocalStack would then
+            # ignore FILESYSTEM_ROOT and share /var/lib/localstack and /tmp/localstack with every instance.
+            "OVERRIDE_IN_DOCKER": "0",
             "PERSISTENCE": "0",
             "LS_LOG": env.get("LS_LOG", "warn"),
             "PYTHONUNBUFFERED": "1",
@@ -89,8 +92,8 @@ class LocalStack:
         self.host = host
         self.port = port
         self.python = venv / "bin" / "python"
-        self.state_dir = Path(tempfile.mkdtemp(prefix="sqs-worker-localstack-"))
-        self.log_path = log_path or self.state_dir / "localstack.log"
+        self.state_dir: Path | None = None  # a fresh temporary directory from start() until stop()
+        self.log_path = log_path
         self._tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self._ready = threading.Event()
         self._output_done = threading.Event()
@@ -111,20 +114,22 @@ class LocalStack:
         """Start LocalStack and return once it answers and SQS and DynamoDB are warm; LaunchError if not."""
         if not self.python.exists():
             raise LaunchError(f"no LocalStack virtualenv at {self.python.parent.parent}: run infra/localstack/setup.sh")
+        self.state_dir = Path(tempfile.mkdtemp(prefix="sqs-worker-localstack-"))
+        log_path = self.log_path = self.log_path or self.state_dir / "localstack.log"
         filesystem_root = self.state_dir / "filesystem"
-        filesystem_root.mkdir()
-        self._process = subprocess.Popen(  # noqa: S603 - our own pinned interpreter, fixed arguments
-            [str(self.python), "-m", "localstack.runtime.main"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=localstack_env(self.host, self.port, filesystem_root),
-            cwd=self.state_dir,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-        threading.Thread(target=self._copy_output, name="localstack-log", daemon=True).start()
         try:
+            filesystem_root.mkdir()
+            self._process = subprocess.Popen(  # noqa: S603 - our own pinned interpreter, fixed arguments
+                [str(self.python), "-m", "localstack.runtime.main"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=localstack_env(self.host, self.port, filesystem_root),
+                cwd=self.state_dir,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+            threading.Thread(target=self._copy_output, args=(log_path,), name="localstack-log", daemon=True).start()
             self._await_ready(ready_timeout_s)
             self._check_health()
             for service in WARM_UP_CALLS:
@@ -134,12 +139,12 @@ class LocalStack:
             raise
         return self
 
-    def _copy_output(self) -> None:
+    def _copy_output(self, log_path: Path) -> None:
         """Drain LocalStack's output into the log file; flag the ready line; flag end of output."""
         stream: IO[str] | None = self.process.stdout
         assert stream is not None
         try:
-            with self.log_path.open("a", encoding="utf-8") as log:
+            with log_path.open("a", encoding="utf-8") as log:
                 for line in stream:
                     log.write(line)
                     log.flush()
@@ -211,8 +216,11 @@ class LocalStack:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=10)
-        self._output_done.wait(timeout=5)
-        shutil.rmtree(self.state_dir, ignore_errors=True)
+        if process is not None:
+            self._output_done.wait(timeout=5)
+        if self.state_dir is not None:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+            self.state_dir = None
 
 
 def main(argv: list[str] | None = None) -> int:
