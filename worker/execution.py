@@ -7,7 +7,7 @@ import contextvars
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,8 +43,16 @@ def prepare(body: str, registry: Registry) -> PreparedJob:
     return PreparedJob(envelope=envelope, spec=spec, payload=payload)
 
 
+class JobLogger(logging.LoggerAdapter[logging.Logger]):
+    """A handler's logger: its job fields merged with the ``extra=`` of each call (the caller's win)."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
+        return msg, kwargs
+
+
 def job_logger(spec: JobSpec, message_id: str, attempt: int) -> logging.LoggerAdapter[logging.Logger]:
-    return logging.LoggerAdapter(
+    return JobLogger(
         logging.getLogger("worker.job"), {"job_type": spec.name, "message_id": message_id, "attempt": attempt}
     )
 

@@ -69,7 +69,8 @@ class RuntimeOptions:
 
 
 class Connectivity:
-    """Logs an endpoint going away and coming back once per change, not once per failed call."""
+    """Reports an endpoint going away and coming back once per change, not once per failed call (the log
+    observer writes one line for each)."""
 
     def __init__(self, service: str, observers: Observers) -> None:
         self.service = service
@@ -79,13 +80,12 @@ class Connectivity:
     def down(self, error: BaseException) -> None:
         if self.reachable:
             self.reachable = False
-            log.warning("%s unreachable, backing off: %s", self.service, error, extra={"service": self.service})
+            log.debug("%s unreachable: %s", self.service, error)
             self._observers.connectivity(service=self.service, reachable=False)
 
     def up(self) -> None:
         if not self.reachable:
             self.reachable = True
-            log.info("%s reachable again", self.service, extra={"service": self.service})
             self._observers.connectivity(service=self.service, reachable=True)
 
 
@@ -214,8 +214,11 @@ class Worker:
             while waiting and not self._stopping:
                 held = waiting.popleft()
                 if not await self._run_one(held):
-                    await self._release_all(list(waiting), reason="earlier message of its group failed")
+                    # Visible again at once: SQS keeps the group locked while the failed message is in flight
+                    # (its retry delay), so none of them can overtake it.
+                    rest = list(waiting)
                     waiting.clear()
+                    await self._release_all(rest, reason="earlier message of its group failed")
         finally:
             if self._groups.get(group) is waiting and not waiting:
                 del self._groups[group]
@@ -388,9 +391,9 @@ class Worker:
             log.warning("could not release the message: %s", exc, extra=self._fields(held))
         self._emit(Kind.RELEASED, held, delay_s=float(delay_s), reason=reason)
 
-    async def _release_all(self, batch: list[Held], *, reason: str) -> None:
+    async def _release_all(self, batch: list[Held], *, reason: str, delay_s: int = 0) -> None:
         try:
-            await asyncio.gather(*(self._release(held, delay_s=0, reason=reason) for held in batch))
+            await asyncio.gather(*(self._release(held, delay_s=delay_s, reason=reason) for held in batch))
         finally:
             for held in batch:
                 self._forget(held)

@@ -71,3 +71,4 @@ async def serve(
                 await asyncio.wait_for(task, timeout=5)
         if metrics is not None:
             metrics.close()
+        health.close()
