@@ -1,0 +1,31 @@
+# The idempotency ledger: one item per idempotency key (partition key "key"), expired by TTL on "expiration".
+
+resource "aws_dynamodb_table" "idempotency" {
+  count = var.create_idempotency_table ? 1 : 0
+
+  name                        = local.table_name
+  billing_mode                = "PAY_PER_REQUEST"
+  hash_key                    = "key"
+  deletion_protection_enabled = var.table_deletion_protection
+  tags                        = var.tags
+
+  attribute {
+    name = "key"
+    type = "S"
+  }
+
+  ttl {
+    attribute_name = "expiration"
+    enabled        = true
+  }
+
+  point_in_time_recovery {
+    enabled = true
+  }
+
+  # Without a customer managed key this is the AWS managed key aws/dynamodb.
+  server_side_encryption {
+    enabled     = true
+    kms_key_arn = var.kms_key_arn
+  }
+}

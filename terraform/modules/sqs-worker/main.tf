@@ -1,0 +1,30 @@
+data "aws_region" "current" {}
+
+data "aws_partition" "current" {}
+
+locals {
+  suffix          = var.fifo_queue ? ".fifo" : ""
+  queue_name      = "${var.name}${local.suffix}"
+  dlq_name        = "${var.name}-dlq${local.suffix}"
+  table_name      = "${var.name}-idempotency"
+  stop_timeout_s  = min(120, ceil(var.shutdown_grace_s) + 10)
+  alarm_topic_arn = var.alarm_topic_arn != null ? var.alarm_topic_arn : aws_sns_topic.alarms[0].arn
+
+  # The worker's settings, exactly as the task definition sets them (also an output, for other runtimes).
+  # Each key is a field of worker.settings.WorkerSettings with the WORKER_ prefix; a test checks that.
+  worker_environment = merge(
+    {
+      WORKER_QUEUE                = aws_sqs_queue.queue.url
+      WORKER_DEAD_LETTER_QUEUE    = aws_sqs_queue.dlq.url
+      WORKER_VISIBILITY_TIMEOUT_S = tostring(var.visibility_timeout_s)
+      WORKER_MAX_RECEIVE_COUNT    = tostring(var.max_receive_count)
+      WORKER_SHUTDOWN_GRACE_S     = tostring(var.shutdown_grace_s)
+      WORKER_CONCURRENCY          = tostring(var.concurrency)
+      WORKER_METRICS_NAMESPACE    = var.metrics_namespace
+      WORKER_METRICS              = "emf"
+      WORKER_LOG_FORMAT           = "json"
+    },
+    length(var.handlers) > 0 ? { WORKER_HANDLERS = join(",", var.handlers) } : {},
+    var.create_idempotency_table ? { WORKER_IDEMPOTENCY_TABLE = aws_dynamodb_table.idempotency[0].name } : {},
+  )
+}

@@ -1,0 +1,48 @@
+# The work queue and its dead-letter queue. Encrypted at rest: SSE-SQS, or the customer managed key when given.
+
+resource "aws_sqs_queue" "dlq" {
+  name                              = local.dlq_name
+  fifo_queue                        = var.fifo_queue
+  message_retention_seconds         = var.dead_letter_retention_s
+  sqs_managed_sse_enabled           = var.kms_key_arn == null ? true : null
+  kms_master_key_id                 = var.kms_key_arn
+  kms_data_key_reuse_period_seconds = var.kms_key_arn == null ? null : 300
+  tags                              = var.tags
+
+  lifecycle {
+    precondition {
+      condition     = var.dead_letter_retention_s > var.message_retention_s
+      error_message = "dead_letter_retention_s must exceed message_retention_s: a standard DLQ keeps each message's original enqueue time."
+    }
+  }
+}
+
+resource "aws_sqs_queue" "queue" {
+  name                              = local.queue_name
+  fifo_queue                        = var.fifo_queue
+  content_based_deduplication       = var.fifo_queue ? var.content_based_deduplication : null
+  visibility_timeout_seconds        = var.visibility_timeout_s
+  message_retention_seconds         = var.message_retention_s
+  receive_wait_time_seconds         = var.receive_wait_time_s
+  sqs_managed_sse_enabled           = var.kms_key_arn == null ? true : null
+  kms_master_key_id                 = var.kms_key_arn
+  kms_data_key_reuse_period_seconds = var.kms_key_arn == null ? null : 300
+  tags                              = var.tags
+
+  redrive_policy = jsonencode({
+    deadLetterTargetArn = aws_sqs_queue.dlq.arn
+    maxReceiveCount     = var.max_receive_count
+  })
+}
+
+# Only the work queue may use the DLQ as its dead-letter target.
+resource "aws_sqs_queue_redrive_allow_policy" "dlq" {
+  count = var.redrive_allow_policy ? 1 : 0
+
+  queue_url = aws_sqs_queue.dlq.id
+
+  redrive_allow_policy = jsonencode({
+    redrivePermission = "byQueue"
+    sourceQueueArns   = [aws_sqs_queue.queue.arn]
+  })
+}
