@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "worker.commands.dlq",
     "worker.commands.stats",
     "worker.commands.status",
+    "worker.commands.schedules",
 )
 
 

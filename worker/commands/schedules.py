@@ -1,0 +1,140 @@
+"""``sqs-worker schedules list|fire``: the cron jobs of the schedule file, locally.
+
+Emulators never fire EventBridge Scheduler schedules, so ``fire NAME`` enqueues exactly what Scheduler would
+send for the schedule's latest due time (or ``--at``), and ``list`` prints the next fire times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from worker.errors import ConfigError, QueueUnavailable
+
+if TYPE_CHECKING:
+    from mypy_boto3_sqs import SQSClient
+
+    from worker.schedules import Schedule
+
+
+def add_parser(subparsers: Any) -> None:
+    schedules = subparsers.add_parser(
+        "schedules",
+        help="list the cron jobs' next fire times, or fire one now",
+        description="The cron jobs of the schedule file (WORKER_SCHEDULES_FILE or --file).",
+    )
+    actions = schedules.add_subparsers(dest="schedules_command", metavar="ACTION", required=True)
+
+    listing = actions.add_parser("list", help="print each schedule's next fire times (UTC and its time zone)")
+    listing.add_argument("--count", type=int, default=5, help="fire times per schedule (default: 5, at most 100)")
+    listing.add_argument("--file", default=None, help="the schedule file (default: WORKER_SCHEDULES_FILE)")
+    listing.set_defaults(func=cmd_list)
+
+    fire = actions.add_parser("fire", help="enqueue exactly what EventBridge Scheduler would send for a schedule, now")
+    fire.add_argument("name", help="the schedule's name")
+    fire.add_argument(
+        "--at",
+        default=None,
+        help="the scheduled time to fire for, ISO 8601 (default: the schedule's latest due time)",
+    )
+    fire.add_argument("--file", default=None, help="the schedule file (default: WORKER_SCHEDULES_FILE)")
+    fire.set_defaults(func=cmd_fire)
+
+
+def _schedules(file: str | None) -> list[Schedule]:
+    from worker.schedules import load_schedules
+    from worker.settings import load_settings
+
+    path = file or load_settings().schedules_file
+    if not path:
+        raise ConfigError("no schedule file: set WORKER_SCHEDULES_FILE or pass --file")
+    return load_schedules(path)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    if not 1 <= args.count <= 100:
+        raise ConfigError("--count must be 1..100")
+    now = datetime.now(UTC)
+    for schedule in _schedules(args.file):
+        print(render_schedule(schedule, now, args.count))
+    return 0
+
+
+def render_schedule(schedule: Schedule, now: datetime, count: int) -> str:
+    """A schedule's block in ``schedules list``: its definition and next fire times."""
+    from worker.schedules import format_scheduled_time
+
+    state = "" if schedule.enabled else " (disabled)"
+    window = f", flexible window {schedule.flexible_window_minutes} min" if schedule.flexible_window_minutes else ""
+    lines = [f"{schedule.name}{state}: {schedule.expression} in {schedule.timezone}{window} -> job {schedule.type}"]
+    times = schedule.next_fire_times(now, count)
+    if not times:
+        lines.append("  (no fire time left)")
+    for moment in times:
+        local = moment.astimezone(schedule.zone).strftime("%a %Y-%m-%d %H:%M %Z")
+        lines.append(f"  {format_scheduled_time(moment)}  ({local})")
+    return "\n".join(lines)
+
+
+def cmd_fire(args: argparse.Namespace) -> int:
+    import boto3
+
+    from worker.schedules import find_schedule, format_scheduled_time
+    from worker.settings import aws_region, load_settings
+
+    schedule = find_schedule(_schedules(args.file), args.name)
+    scheduled = _scheduled_time(schedule, args.at)
+    settings = load_settings()
+    client = boto3.client("sqs", region_name=aws_region())
+    message_id = send_scheduled(client, settings.queue, schedule, scheduled)
+    print(f"{schedule.name} fired for {format_scheduled_time(scheduled)}: message {message_id}")
+    return 0
+
+
+def _scheduled_time(schedule: Schedule, at: str | None) -> datetime:
+    if at is None:
+        latest = schedule.latest_fire_time(datetime.now(UTC))
+        if latest is None:
+            raise ConfigError(f"schedule {schedule.name!r} has no due fire time yet: pass --at")
+        return latest
+    try:
+        moment = datetime.fromisoformat(at)
+    except ValueError:
+        raise ConfigError(f"--at {at!r} is not an ISO 8601 time such as 2026-11-30T09:00:00Z") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=schedule.zone)  # a wall time in the schedule's zone
+    return moment.astimezone(UTC).replace(microsecond=0)
+
+
+def send_scheduled(client: SQSClient, queue: str, schedule: Schedule, scheduled: datetime) -> str:
+    """Send what Scheduler sends for one fire; returns the MessageId.
+
+    FIFO queues get the schedule's name as MessageGroupId (as the module's target sets it) and the body's
+    SHA-256 as MessageDeduplicationId (what content-based deduplication would use).
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from worker.app import queue_name_of
+
+    body = schedule.message_body(scheduled)
+    try:
+        queue_url = queue if queue.startswith(("http://", "https://")) else _queue_url(client, queue)
+        extra: dict[str, str] = {}
+        if queue_name_of(queue_url).endswith(".fifo"):
+            extra = {
+                "MessageGroupId": schedule.name,
+                "MessageDeduplicationId": hashlib.sha256(body.encode("utf-8")).hexdigest(),
+            }
+        response = client.send_message(QueueUrl=queue_url, MessageBody=body, **extra)  # type: ignore[arg-type]
+    except (BotoCoreError, OSError) as exc:
+        raise QueueUnavailable(f"SendMessage failed: {exc}") from exc
+    except ClientError as exc:
+        raise ConfigError(f"SendMessage refused: {exc}") from exc
+    return response["MessageId"]
+
+
+def _queue_url(client: SQSClient, name: str) -> str:
+    url: str = client.get_queue_url(QueueName=name)["QueueUrl"]
+    return url
