@@ -1,0 +1,177 @@
+"""The ledger wired into the runtime (in-process worker, real endpoint): write cost per job, duplicates,
+conflicts, retries and failures as the ledger records them."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_asyncio
+
+from tests.support.backends import Backend
+from tests.support.harness import drain, make_queues, running_worker, send
+from tests.support.idempotency import WriteCounter, dynamodb_client
+from worker import JobContext, PermanentError, RetryableError
+from worker.events import Kind
+from worker.idempotency import CONFLICT_REASON, Ledger, Status, create_table
+from worker.jobs import Registry
+
+if TYPE_CHECKING:
+    from types_aiobotocore_dynamodb.client import DynamoDBClient
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def dynamodb(backend: Backend) -> AsyncIterator[DynamoDBClient]:
+    async with dynamodb_client(backend.endpoint_url) as client:
+        yield client
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def ledger(dynamodb: DynamoDBClient) -> Ledger:
+    table = f"rt-{uuid.uuid4().hex[:12]}"
+    await create_table(dynamodb, table)
+    return Ledger(dynamodb, table, owner=f"test:{uuid.uuid4().hex[:8]}")
+
+
+async def test_an_idempotent_job_costs_two_writes(backend: Backend, dynamodb: DynamoDBClient, ledger: Ledger) -> None:
+    queues = make_queues(backend.endpoint_url)
+    registry = Registry()
+    ran: list[int] = []
+
+    @registry.job("charge", idempotent=True)
+    async def charge(payload: dict[str, Any]) -> dict[str, int]:
+        ran.append(payload["n"])
+        return {"n": payload["n"]}
+
+    writes = WriteCounter(dynamodb)
+    async with running_worker(backend.endpoint_url, queues, registry, ledger=ledger) as running:
+        for n in range(5):
+            send(backend.endpoint_url, queues.queue_url, {"type": "charge", "payload": {"n": n}})
+        await running.recorder.wait_count(Kind.SUCCEEDED, 5)
+    assert sorted(ran) == [0, 1, 2, 3, 4]
+    assert writes.operations == ["UpdateItem"] * 10  # per job: one claim, one completion
+
+
+async def test_a_duplicate_of_a_completed_job_is_acknowledged_without_running(backend: Backend, ledger: Ledger) -> None:
+    queues = make_queues(backend.endpoint_url)
+    registry = Registry()
+    ran: list[str] = []
+
+    @registry.job("email")
+    async def email(payload: dict[str, Any]) -> None:
+        ran.append(payload["to"])
+
+    body = {"type": "email", "payload": {"to": "a@example.com"}, "idempotency_key": f"welcome-{uuid.uuid4().hex}"}
+    async with running_worker(backend.endpoint_url, queues, registry, ledger=ledger) as running:
+        send(backend.endpoint_url, queues.queue_url, body)
+        await running.recorder.wait_count(Kind.SUCCEEDED, 1)
+        send(backend.endpoint_url, queues.queue_url, body)
+        skipped = await running.recorder.wait_count(Kind.DUPLICATE_SKIPPED, 1)
+    assert ran == ["a@example.com"]  # an envelope key makes even a plain job idempotent
+    assert skipped[0].idempotency_key == body["idempotency_key"]
+    assert drain(backend.endpoint_url, queues.queue_url, expect=1, timeout_s=1) == []
+
+
+async def test_a_reused_key_with_another_payload_is_dead_lettered_as_permanent(
+    backend: Backend, ledger: Ledger
+) -> None:
+    queues = make_queues(backend.endpoint_url)
+    registry = Registry()
+    ran: list[int] = []
+
+    @registry.job("charge")
+    async def charge(payload: dict[str, Any]) -> None:
+        ran.append(payload["amount"])
+
+    key = f"order-{uuid.uuid4().hex}"
+    async with running_worker(backend.endpoint_url, queues, registry, ledger=ledger) as running:
+        send(
+            backend.endpoint_url, queues.queue_url, {"type": "charge", "payload": {"amount": 5}, "idempotency_key": key}
+        )
+        await running.recorder.wait_count(Kind.SUCCEEDED, 1)
+        send(
+            backend.endpoint_url, queues.queue_url, {"type": "charge", "payload": {"amount": 9}, "idempotency_key": key}
+        )
+        await running.recorder.wait_count(Kind.DEAD_LETTERED, 1)
+    assert ran == [5]
+    [dead] = drain(backend.endpoint_url, queues.dlq_url, expect=1)
+    attributes = dead["MessageAttributes"]
+    assert attributes["error_category"]["StringValue"] == "permanent"
+    assert CONFLICT_REASON in attributes["error_message"]["StringValue"]
+    assert json.loads(dead["Body"])["payload"] == {"amount": 9}
+
+
+async def test_retries_and_failures_are_recorded(backend: Backend, ledger: Ledger) -> None:
+    queues = make_queues(backend.endpoint_url)
+    registry = Registry()
+
+    @registry.job("flaky", key=lambda payload: payload["id"], backoff_base_s=0, backoff_max_s=0)
+    async def flaky(payload: dict[str, Any], ctx: JobContext) -> str:
+        if ctx.attempt == 1:
+            raise RetryableError("gateway timeout", delay_s=0)
+        return "ok"
+
+    @registry.job("doomed", key=lambda payload: payload["id"])
+    async def doomed(payload: dict[str, Any]) -> None:
+        raise PermanentError("card declined")
+
+    async with running_worker(backend.endpoint_url, queues, registry, ledger=ledger) as running:
+        send(backend.endpoint_url, queues.queue_url, {"type": "flaky", "payload": {"id": "f1"}})
+        send(backend.endpoint_url, queues.queue_url, {"type": "doomed", "payload": {"id": "d1"}})
+        await running.recorder.wait_count(Kind.SUCCEEDED, 1)
+        await running.recorder.wait_count(Kind.DEAD_LETTERED, 1)
+
+    flaky_record = await ledger.get("flaky:f1")
+    assert flaky_record is not None
+    assert (flaky_record.status, flaky_record.attempts, flaky_record.result) == (Status.COMPLETED, 2, "ok")
+    assert flaky_record.last_error is not None
+    assert "gateway timeout" in flaky_record.last_error  # kept from the failed attempt
+    doomed_record = await ledger.get("doomed:d1")
+    assert doomed_record is not None
+    assert (doomed_record.status, doomed_record.attempts) == (Status.FAILED, 1)
+    assert doomed_record.last_error is not None
+    assert "card declined" in doomed_record.last_error
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="runtime bug (reported to the lead): build_context passes envelope.idempotency_key, "
+    "not the ledger key, so ctx.idempotency_key is None for key-function and idempotent=True jobs",
+)
+async def test_the_context_carries_the_ledger_key(backend: Backend, ledger: Ledger) -> None:
+    queues = make_queues(backend.endpoint_url)
+    registry = Registry()
+    seen: list[str | None] = []
+
+    @registry.job("ship", key=lambda payload: payload["order"])
+    async def ship(payload: dict[str, Any], ctx: JobContext) -> None:
+        seen.append(ctx.idempotency_key)
+
+    async with running_worker(backend.endpoint_url, queues, registry, ledger=ledger) as running:
+        send(backend.endpoint_url, queues.queue_url, {"type": "ship", "payload": {"order": "o-1"}})
+        await running.recorder.wait_count(Kind.SUCCEEDED, 1)
+    assert seen == ["ship:o-1"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="runtime bug (reported to the lead): Worker._claim calls job_key outside any handler, so the TypeError "
+    "of a key function escapes _run_one (task exception never retrieved; the message is never settled)",
+)
+async def test_a_broken_key_function_is_dead_lettered_as_a_bug(backend: Backend, ledger: Ledger) -> None:
+    queues = make_queues(backend.endpoint_url)
+    registry = Registry()
+    ran: list[object] = []
+
+    @registry.job("broken", key=lambda payload: None)  # type: ignore[arg-type,return-value]
+    async def broken(payload: dict[str, Any]) -> None:
+        ran.append(payload)
+
+    async with running_worker(backend.endpoint_url, queues, registry, ledger=ledger) as running:
+        send(backend.endpoint_url, queues.queue_url, {"type": "broken", "payload": {}})
+        dead = await running.recorder.wait_count(Kind.DEAD_LETTERED, 1, timeout_s=5)
+    assert ran == []
+    assert dead[0].category == "bug"
