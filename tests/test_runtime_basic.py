@@ -47,7 +47,9 @@ async def test_success_deletes_the_message(backend: Backend) -> None:
     queues = make_queues(backend.endpoint_url)
     calls: list[Any] = []
     async with running_worker(backend.endpoint_url, queues, registry_with(calls)) as running:
-        send(backend.endpoint_url, queues.queue_url, {"type": "send_email", "payload": {"to": "a@b.c", "subject": "hi"}})
+        send(
+            backend.endpoint_url, queues.queue_url, {"type": "send_email", "payload": {"to": "a@b.c", "subject": "hi"}}
+        )
         send(backend.endpoint_url, queues.queue_url, {"type": "echo", "payload": {"n": 1}})
         await running.recorder.wait_count(Kind.SUCCEEDED, 2)
     assert Email(to="a@b.c", subject="hi") in calls
