@@ -28,9 +28,10 @@ DIGEST_PREFIX = "sha256:"
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no spaces: equal values give equal text, whatever their key order.
 
-    Non-finite floats (NaN, Infinity) are refused: they are not JSON and their text form is not canonical.
+    NaN and Infinity (which Python's JSON parser accepts in a body) are written as Python writes them, so
+    hashing never fails on a payload that parsed.
     """
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def payload_hash(job_type: str, payload: dict[str, Any]) -> str:
