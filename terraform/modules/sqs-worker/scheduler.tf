@@ -30,6 +30,7 @@ resource "aws_sqs_queue" "scheduler_dlq" {
   count = local.has_schedules ? 1 : 0
 
   name                              = "${var.name}-scheduler-dlq"
+  fifo_queue                        = false
   message_retention_seconds         = 1209600
   sqs_managed_sse_enabled           = var.kms_key_arn == null ? true : null
   kms_master_key_id                 = var.kms_key_arn
