@@ -66,6 +66,10 @@ resource "aws_ecs_task_definition" "worker" {
   execution_role_arn       = aws_iam_role.execution[0].arn
   tags                     = var.tags
 
+  volume {
+    name = "tmp"
+  }
+
   runtime_platform {
     operating_system_family = "LINUX"
     cpu_architecture        = var.cpu_architecture
@@ -75,11 +79,13 @@ resource "aws_ecs_task_definition" "worker" {
     name                   = "worker"
     image                  = var.image
     essential              = true
-    command                = ["sqs-worker", "run"]
+    command                = ["run"] # the image's ENTRYPOINT is sqs-worker
     environment            = local.container_environment
     stopTimeout            = local.stop_timeout_s
-    readonlyRootFilesystem = false # the liveness file (WORKER_HEALTH_FILE) is written under /tmp
+    readonlyRootFilesystem = true
     user                   = "10001"
+    # The liveness file (WORKER_HEALTH_FILE, /tmp by default) goes to task storage, not the image.
+    mountPoints = [{ sourceVolume = "tmp", containerPath = "/tmp", readOnly = false }]
     logConfiguration = {
       logDriver = "awslogs"
       options = {

@@ -186,6 +186,11 @@ run "task_definition_runs_the_worker" {
   }
 
   assert {
+    condition     = jsondecode(aws_ecs_task_definition.worker[0].container_definitions)[0].command == ["run"] && jsondecode(aws_ecs_task_definition.worker[0].container_definitions)[0].readonlyRootFilesystem
+    error_message = "the image's entrypoint runs `sqs-worker run`, on a read-only root file system"
+  }
+
+  assert {
     condition     = jsondecode(aws_ecs_task_definition.worker[0].container_definitions)[0].logConfiguration.logDriver == "awslogs"
     error_message = "logs go to CloudWatch Logs"
   }
