@@ -8,7 +8,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import pytest
 import pytest_asyncio
 
 from tests.support.backends import Backend
@@ -136,11 +135,6 @@ async def test_retries_and_failures_are_recorded(backend: Backend, ledger: Ledge
     assert "card declined" in doomed_record.last_error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime bug (reported to the lead): build_context passes envelope.idempotency_key, "
-    "not the ledger key, so ctx.idempotency_key is None for key-function and idempotent=True jobs",
-)
 async def test_the_context_carries_the_ledger_key(backend: Backend, ledger: Ledger) -> None:
     queues = make_queues(backend.endpoint_url)
     registry = Registry()
@@ -156,11 +150,6 @@ async def test_the_context_carries_the_ledger_key(backend: Backend, ledger: Ledg
     assert seen == ["ship:o-1"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime bug (reported to the lead): Worker._claim calls job_key outside any handler, so the TypeError "
-    "of a key function escapes _run_one (task exception never retrieved; the message is never settled)",
-)
 async def test_a_broken_key_function_is_dead_lettered_as_a_bug(backend: Backend, ledger: Ledger) -> None:
     queues = make_queues(backend.endpoint_url)
     registry = Registry()

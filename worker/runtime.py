@@ -26,7 +26,7 @@ from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueU
 from worker.events import Event, Kind, Observers
 from worker.execution import PreparedJob, build_context, call_handler, prepare, result_for_ledger
 from worker.jobs import Registry
-from worker.policy import PERMANENT, Action, classify_failure, describe_error, visibility_cap_s
+from worker.policy import BUG, PERMANENT, Action, classify_failure, describe_error, visibility_cap_s
 from worker.slots import Slots
 from worker.sqs import Message, Queue
 
@@ -199,6 +199,12 @@ class Worker:
             if not held.finishing:  # cancelled before an outcome began (shutdown past the grace period)
                 await self._finish(held, self._abandon(held))
             raise
+        except Exception:
+            # A fault of the worker itself, not of the job: keep the message (it reappears later) and go on.
+            log.exception("internal error while processing a message", extra=self._fields(held))
+            if not held.finishing:
+                await self._finish(held, self._release(held, delay_s=DEAD_LETTER_RETRY_S, reason="internal error"))
+            return False
         finally:
             self._forget(held)
 
@@ -250,7 +256,11 @@ class Worker:
         from worker.idempotency import job_key, payload_hash
 
         assert self.ledger is not None
-        key = job_key(job.spec, job.envelope, job.payload)
+        try:
+            key = job_key(job.spec, job.envelope, job.payload)
+        except Exception as exc:
+            await self._finish(held, self._dead_letter(held, BUG, "idempotency key: " + describe_error(exc)))
+            return False
         if key is None:
             return None
         try:
@@ -293,6 +303,8 @@ class Worker:
                 ledger.progress(claim, percent, note)
 
         context = build_context(job, message_id=message.message_id, attempt=attempt, progress=progress)
+        if held.claim is not None and job.envelope.idempotency_key is None:
+            context.idempotency_key = held.claim.key  # derived (key function or payload hash)
         sent_ms = message.sent_timestamp_ms
         queue_wait_s = max(0.0, time.time() - sent_ms / 1000) if sent_ms else None
         self._emit(Kind.STARTED, held, queue_wait_s=queue_wait_s)
