@@ -49,3 +49,22 @@ async def charge_card(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any
     if payload.get("amount_cents", 0) <= 0:
         raise PermanentError("amount_cents must be positive")
     return {"charge_id": f"ch_{random.randrange(10**8):08d}", "key": ctx.idempotency_key}
+
+
+# The job types of schedules.example.yaml, fired by EventBridge Scheduler in AWS and by `sqs-worker dev` locally.
+# A scheduled job's idempotency key is "schedule:<name>:<scheduled time>", so a double fire runs once.
+
+
+@job("send_report", max_attempts=3, timeout_s=120)
+async def send_report(payload: dict[str, Any], ctx: JobContext) -> None:
+    ctx.logger.info("report built", extra={"report": payload.get("report"), "key": ctx.idempotency_key})
+
+
+@job("close_month", max_attempts=3, timeout_s=300)
+async def close_month(payload: dict[str, Any], ctx: JobContext) -> None:
+    ctx.logger.info("month closed", extra={"key": ctx.idempotency_key})
+
+
+@job("refresh_cache", max_attempts=2, timeout_s=60)
+async def refresh_cache(payload: dict[str, Any], ctx: JobContext) -> None:
+    ctx.logger.info("cache refreshed", extra={"scope": payload.get("scope")})

@@ -1,0 +1,40 @@
+# Shared by scripts/dev and scripts/test: make sure uv (pinned) is available, then the project venv.
+# Needs python3 (3.11 or newer) and bash; everything else is installed under .tools/ and .venv/.
+
+UV_VERSION="0.13.8"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+find_python() {
+    local candidate
+    for candidate in python3.11 python3.12 python3.13 python3; do
+        if command -v "$candidate" >/dev/null 2>&1 &&
+            "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            command -v "$candidate"
+            return 0
+        fi
+    done
+    echo "sqs-worker needs Python 3.11 or newer on PATH (python3.11 or python3)" >&2
+    return 1
+}
+
+ensure_uv() {
+    local tools="$ROOT/.tools/uv"
+    if [[ -x "$tools/bin/uv" ]] && [[ "$("$tools/bin/uv" --version 2>/dev/null)" == "uv $UV_VERSION"* ]]; then
+        export PATH="$tools/bin:$PATH"
+        return 0
+    fi
+    local python
+    python="$(find_python)"
+    echo "installing uv $UV_VERSION into $tools" >&2
+    rm -rf "$tools"
+    "$python" -m venv "$tools"
+    "$tools/bin/python" -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
+    export PATH="$tools/bin:$PATH"
+}
+
+ensure_venv() {
+    ensure_uv
+    local python
+    python="$(find_python)"
+    (cd "$ROOT" && uv sync --frozen --all-extras --python "$python" --quiet)
+}
