@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from worker.app import open_worker, queue_name_of
+from worker.errors import QueueUnavailable
 from worker.events import Observer, Observers
 from worker.health import HealthObserver, serve_health
 from worker.jobs import Registry
@@ -64,6 +65,10 @@ async def serve(
             for companion in companions or []:
                 background.append(asyncio.create_task(companion(stop)))
             await worker.run(stop)
+    except QueueUnavailable:
+        if not stop.is_set():
+            raise
+        log.info("stopped before the queue could be reached")  # a signal while waiting for the endpoint
     finally:
         stop.set()
         for task in background:
