@@ -161,6 +161,6 @@ async def test_a_broken_key_function_is_dead_lettered_as_a_bug(backend: Backend,
 
     async with running_worker(backend.endpoint_url, queues, registry, ledger=ledger) as running:
         send(backend.endpoint_url, queues.queue_url, {"type": "broken", "payload": {}})
-        dead = await running.recorder.wait_count(Kind.DEAD_LETTERED, 1, timeout_s=5)
+        dead = await running.recorder.wait_count(Kind.DEAD_LETTERED, 1, timeout_s=20)
     assert ran == []
     assert dead[0].category == "bug"
