@@ -16,6 +16,7 @@ from aiobotocore.session import get_session
 from worker.errors import ConfigError, QueueUnavailable
 from worker.events import Observers
 from worker.jobs import Registry
+from worker.names import default_dlq_name, queue_name_of
 from worker.runtime import RuntimeOptions, Worker
 from worker.settings import WorkerSettings, aws_region
 from worker.sqs import Queue, redrive_target_url, resolve_queue_url
@@ -27,18 +28,6 @@ if TYPE_CHECKING:
 def worker_id() -> str:
     """Names this process in leases and logs: host, pid and a random suffix."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def default_dlq_name(queue_name: str) -> str:
-    """``<queue>-dlq``; for a FIFO queue ``<queue>-dlq.fifo`` (a FIFO queue needs a FIFO DLQ)."""
-    if queue_name.endswith(".fifo"):
-        return queue_name[: -len(".fifo")] + "-dlq.fifo"
-    return queue_name + "-dlq"
-
-
-def queue_name_of(queue: str) -> str:
-    """The name part of a queue name or URL."""
-    return queue.rstrip("/").rsplit("/", 1)[-1]
 
 
 def client_config(settings: WorkerSettings) -> AioConfig:

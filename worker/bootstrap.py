@@ -34,7 +34,7 @@ def ensure_queues(
     visibility_timeout_s: int = 30,
 ) -> Created:
     """Create (or update) the queue and its DLQ with a redrive policy. Names, not URLs."""
-    from worker.app import default_dlq_name, queue_name_of
+    from worker.names import default_dlq_name, queue_name_of
 
     queue_name = queue_name_of(queue)
     dlq_name = queue_name_of(dlq) if dlq else default_dlq_name(queue_name)

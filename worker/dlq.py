@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from worker.deadletter import OUR_ATTRIBUTES
 from worker.errors import ConfigError, QueueUnavailable, WorkerError
+from worker.names import default_dlq_name, queue_name_of
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
@@ -36,14 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("worker.dlq")
 
 #: The attributes the worker adds to a dead-lettered message (the public dead-letter record contract).
-DEAD_LETTER_ATTRIBUTES = (
-    "error_category",
-    "error_message",
-    "attempts",
-    "failed_at",
-    "source_queue",
-    "original_message_id",
-)
+DEAD_LETTER_ATTRIBUTES = OUR_ATTRIBUTES
 #: The audit trail a requeued message carries.
 AUDIT_ATTRIBUTES = ("requeued_by", "requeued_at", "requeue_reason", "requeued_from")
 MAX_MESSAGE_ATTRIBUTES = 10
@@ -60,18 +55,6 @@ UNSUPPORTED_CODES = frozenset(
 
 
 # ---------------------------------------------------------------------------------------------- pure parts
-
-
-def default_dlq_name(queue_name: str) -> str:
-    """``<queue>-dlq``; for a FIFO queue ``<queue>-dlq.fifo``."""
-    if queue_name.endswith(".fifo"):
-        return queue_name[: -len(".fifo")] + "-dlq.fifo"
-    return queue_name + "-dlq"
-
-
-def queue_name_of(queue: str) -> str:
-    """The name part of a queue name, URL or ARN."""
-    return queue.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
 
 
 @dataclass(frozen=True)

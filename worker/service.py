@@ -10,13 +10,14 @@ import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from worker.app import open_worker, queue_name_of
+from worker.app import open_worker
 from worker.errors import QueueUnavailable
 from worker.events import Observer, Observers
 from worker.health import HealthObserver, serve_health
 from worker.jobs import Registry
 from worker.logs import LogObserver
 from worker.metrics import build_metrics_observer
+from worker.names import queue_name_of
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("worker")

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.dlq import queue_attributes, queue_name_of
+from worker.dlq import queue_attributes
+from worker.names import queue_name_of
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient

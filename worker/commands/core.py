@@ -125,7 +125,7 @@ def sqs_client(region: str) -> Any:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    from worker.app import queue_name_of
+    from worker.names import queue_name_of
     from worker.producer import Job, enqueue
     from worker.settings import aws_region, load_settings
 

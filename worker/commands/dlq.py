@@ -24,7 +24,6 @@ from worker.dlq import (
     group_dead_letters,
     now_utc,
     queue_arn,
-    queue_name_of,
     redrive_by_receiving,
     requeue,
     resolve_dlq_url,
@@ -34,6 +33,7 @@ from worker.dlq import (
     wait_move_task,
 )
 from worker.logs import configure_logging
+from worker.names import queue_name_of
 from worker.settings import load_settings
 
 DEFAULT_READ_LIMIT = 1000

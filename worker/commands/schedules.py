@@ -116,7 +116,7 @@ def send_scheduled(client: SQSClient, queue: str, schedule: Schedule, scheduled:
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from worker.app import queue_name_of
+    from worker.names import queue_name_of
 
     body = schedule.message_body(scheduled)
     try:
