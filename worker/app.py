@@ -107,6 +107,7 @@ async def open_worker(
                 session.create_client("dynamodb", region_name=region, config=config)
             )
             ledger = Ledger(dynamodb, settings.idempotency_table, owner=worker_id())
+            stack.push_async_callback(ledger.aclose)
         yield Worker(
             registry=registry,
             queue=Queue(sqs, queue_url),

@@ -43,6 +43,8 @@ LEDGER_RETRY_S = 10
 #: How long a message whose dead-lettering failed waits before another try.
 DEAD_LETTER_RETRY_S = 30
 RECEIVE_BACKOFF_MAX_S = 20.0
+#: Pauses between tries of recording a completion in the ledger (a retried complete is safe: it is fenced).
+COMPLETE_RETRY_DELAYS_S = (0.2, 1.0)
 
 
 @dataclass(eq=False)
@@ -320,7 +322,7 @@ class Worker:
     async def _succeeded(self, held: Held, result: Any, duration_s: float) -> None:
         if held.claim is not None and self.ledger is not None:
             try:
-                fenced_ok = await self.ledger.complete(held.claim, result=result_for_ledger(result))
+                fenced_ok = await self._complete_claim(held.claim, result_for_ledger(result))
             except LedgerUnavailable as exc:
                 # The effect happened but is not recorded: leave the message to reappear. Its claim lapses
                 # with the lease and the next attempt runs again; keep downstream calls idempotent by key.
@@ -332,6 +334,16 @@ class Worker:
                 return
         await self._ack(held)
         self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)
+
+    async def _complete_claim(self, claim: Claim, result: Any) -> bool:
+        """Record completion, trying a few times: a lost completion means the job runs again."""
+        assert self.ledger is not None
+        for delay_s in COMPLETE_RETRY_DELAYS_S:
+            try:
+                return await self.ledger.complete(claim, result=result)
+            except LedgerUnavailable:
+                await asyncio.sleep(delay_s)  # backoff between tries of one write
+        return await self.ledger.complete(claim, result=result)
 
     async def _failed(self, held: Held, job: PreparedJob, error: Exception, duration_s: float) -> None:
         spec = job.spec
