@@ -151,7 +151,7 @@ def test_module_outputs_are_the_settings_the_worker_reads(applied: Applied, monk
         monkeypatch.delenv(variable)
     for variable, value in environment.items():
         monkeypatch.setenv(variable, value)
-    settings = WorkerSettings(_env_file=None)  # type: ignore[call-arg]
+    settings = WorkerSettings(_env_file=None)
     assert settings.queue == applied.outputs["queue_url"]
     assert settings.dead_letter_queue == applied.outputs["dead_letter_queue_url"]
     assert settings.idempotency_table == applied.outputs["idempotency_table_name"]

@@ -241,6 +241,8 @@ async def run_local_scheduler(
                 return
             continue
         for name, fire_time in sorted(due.items(), key=lambda item: item[1]):
+            if stop.is_set():
+                return
             if fire_time > current:
                 continue
             schedule = by_name[name]
