@@ -63,7 +63,8 @@ BAD_INPUTS = [
     (json.dumps({"payload": {}}), "invalid_message"),
     (json.dumps({"type": "no_such_job", "payload": {}}), "unknown_type"),
     (json.dumps({"type": "send_email", "payload": {"to": "x"}}), "invalid_payload"),
-    ("\u0001\u00ff\ufffd\u0007garbage\u00e9\u4e2d", "invalid_message"),
+    # Garbage that SQS accepts (it refuses control characters other than tab and newlines): not JSON.
+    ("\t\u00ff\ufffd garbage \u00e9\u4e2d\U0001f600\r\n\ue000", "invalid_message"),
     (json.dumps({"type": "refuse", "payload": {"password": "hunter2"}}), "permanent"),
     (json.dumps({"type": "buggy", "payload": {}}), "bug"),
 ]

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def worker_env(endpoint_url: str, **settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
+    # AWS_REGION alone (boto3 itself reads only AWS_DEFAULT_REGION): the worker must pass it on.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_") and k != "AWS_DEFAULT_REGION"}
     env.update(
         AWS_ENDPOINT_URL=endpoint_url,
         AWS_REGION="us-east-1",
