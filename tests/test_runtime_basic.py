@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from typing import Any
 
-import pytest
 from pydantic import BaseModel
 
 from tests.support.backends import Backend
@@ -94,28 +95,35 @@ async def test_bad_input_is_dead_lettered_with_its_category(backend: Backend) ->
     assert drain(backend.endpoint_url, queues.queue_url, expect=1, timeout_s=1) == []
 
 
-@pytest.mark.parametrize("max_attempts", [3])
-async def test_retries_grow_then_exhaust_to_the_dlq(backend: Backend, max_attempts: int) -> None:
+async def test_retries_grow_then_exhaust_to_the_dlq(backend: Backend) -> None:
     queues = make_queues(backend.endpoint_url)
     registry = Registry()
     attempts: list[int] = []
+    started_at: list[float] = []
 
-    @registry.job("flaky", max_attempts=max_attempts, backoff_base_s=1, backoff_max_s=60)
+    @registry.job("flaky", max_attempts=4, backoff_base_s=1, backoff_max_s=60)
     async def flaky(payload: dict[str, Any], ctx: Any) -> None:
         attempts.append(ctx.attempt)
+        started_at.append(time.monotonic())
         raise ConnectionError("upstream refused")
 
     async with running_worker(backend.endpoint_url, queues, registry) as running:
         send(backend.endpoint_url, queues.queue_url, {"type": "flaky", "payload": {}})
         dead = await running.recorder.wait_count(Kind.DEAD_LETTERED, 1, timeout_s=40)
     retries = running.recorder.of(Kind.RETRY_SCHEDULED)
-    assert [e.attempt for e in retries] == [1, 2]
-    assert attempts == [1, 2, 3]
-    assert retries[0].delay_s is not None and retries[1].delay_s is not None
-    assert 1 <= retries[0].delay_s <= 1 and 1 <= retries[1].delay_s <= 2
+    assert [e.attempt for e in retries] == [1, 2, 3]
+    assert attempts == [1, 2, 3, 4]
+    delays = [e.delay_s for e in retries]
+    # Drawn from [50%, 100%] of 1, 2, 4 seconds, rounded up: they grow.
+    assert delays[0] == 1
+    assert delays[1] is not None and 1 <= delays[1] <= 2
+    assert delays[2] is not None and 2 <= delays[2] <= 4
+    gaps = [b - a for a, b in itertools.pairwise(started_at)]
+    for gap, delay in zip(gaps, delays, strict=True):
+        assert delay is not None and gap >= delay - 0.1  # the message stayed invisible for its delay
     assert dead[0].category == "exhausted"
     record = drain(backend.endpoint_url, queues.dlq_url, expect=1)[0]
     attributes = {k: v["StringValue"] for k, v in record["MessageAttributes"].items()}
     assert attributes["error_category"] == "exhausted"
-    assert attributes["attempts"] == "3"
+    assert attributes["attempts"] == "4"
     assert attributes["error_message"] == "ConnectionError: upstream refused"
