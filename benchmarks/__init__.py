@@ -1,0 +1,1 @@
+"""Benchmarks of sqs-worker (not part of the installed package): see benchmarks/README.md."""

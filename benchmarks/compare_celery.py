@@ -1,0 +1,489 @@
+"""sqs-worker against Celery (kombu's SQS transport) on the same local SQS endpoint, each as a real worker process.
+
+    bash infra/localstack/setup.sh && bash benchmarks/setup-celery.sh
+    .venv/bin/python benchmarks/compare_celery.py --jobs 2000 --concurrency 20
+
+For each side (sqs-worker; Celery with the threads pool; Celery with the prefork pool) it creates a fresh queue,
+preloads N no-op jobs straight into LocalStack (not counted), then starts the worker process with its SQS traffic
+routed through a counting proxy (benchmarks/countproxy.py), so both sides' requests are counted the same way.
+
+Drain: timed from the proxy: first ReceiveMessage sent to the last DeleteMessage(Batch) answered, once every job
+has recorded its start in the side channel (benchmarks/effects.py: each job appends a line to a file, the same
+code on both sides) and GetQueueAttributes (asked of LocalStack directly, not counted) shows the queue empty.
+jobs/s = N / drain. Requests per job = every request the worker made during the drain (startup calls included)
+divided by N. CPU per job = user+system seconds of the worker's process tree from its first ReceiveMessage to the end of
+the drain (startup CPU, mostly imports, reported apart), divided by N. Memory = peak of the tree's summed PSS
+(proportional set size: prefork children share pages, RSS would count them once per child).
+
+Trickle: then M more jobs are sent one at a time at R/s into the now idle worker; the latency from send to start
+(p50/p95) comes from the side channel, and the requests the worker made in that phase are counted too.
+
+Prints a table and a JSON document with the figures and the ratios sqs-worker / Celery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import boto3  # noqa: E402
+
+from benchmarks import effects  # noqa: E402
+from benchmarks.countproxy import CountingProxy, Tally  # noqa: E402
+from tests.support.backends import Backend, start_localstack  # noqa: E402
+from worker.bootstrap import ensure_queues  # noqa: E402
+from worker.producer import Job, enqueue, enqueue_many  # noqa: E402
+
+CELERY_VENV = Path(os.environ.get("CELERY_VENV", ROOT / ".tools" / "celery-venv"))
+SQS_WORKER_BIN = Path(sys.executable).parent / "sqs-worker"
+POLL_S = 0.05
+MEMORY_EVERY_S = 0.25
+STOP_TIMEOUT_S = 30.0
+VISIBILITY_TIMEOUT_S = 60
+DELETE_ACTIONS = ("DeleteMessage", "DeleteMessageBatch")
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str
+    kind: str  # "sqs-worker" | "celery"
+    pool: str = ""
+
+
+@dataclass
+class Run:
+    """One side's queue, files and worker process."""
+
+    side: Side
+    queue_name: str
+    queue_url: str
+    workdir: Path
+    effects_file: Path
+    log_file: Path
+    process: subprocess.Popen[bytes] | None = None
+    spawned_at: float = 0.0
+
+
+# ---------------------------------------------------------------- process tree: CPU and memory from /proc
+
+
+def tree_pids(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{current}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    todo.extend(int(child) for child in (task / "children").read_text().split())
+    return pids
+
+
+def tree_cpu_s(pid: int) -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for member in tree_pids(pid):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    return total / ticks
+
+
+def tree_memory_mb(pid: int) -> tuple[float, float]:
+    """(summed PSS, summed RSS) of the process tree, in MiB."""
+    pss_kb = rss_kb = 0
+    for member in tree_pids(pid):
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{member}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    pss_kb += int(line.split()[1])
+                elif line.startswith("Rss:"):
+                    rss_kb += int(line.split()[1])
+    return pss_kb / 1024, rss_kb / 1024
+
+
+# ---------------------------------------------------------------- the two sides
+
+
+def celery_python() -> Path:
+    python = CELERY_VENV / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"{python} missing: run `bash benchmarks/setup-celery.sh` first")
+    return python
+
+
+def base_env(run: Run) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}
+    env.update(
+        {
+            "PYTHONPATH": str(ROOT),
+            effects.EFFECTS_ENV: str(run.effects_file),
+            "BENCH_QUEUE_NAME": run.queue_name,
+        }
+    )
+    return env
+
+
+def celery_queue_url(run: Run, endpoint_url: str) -> str:
+    """The queue's URL on ``endpoint_url``: kombu sends ReceiveMessage to the predefined URL itself."""
+    return endpoint_url + "/" + run.queue_url.split("/", 3)[3]
+
+
+def celery_env(run: Run, endpoint_url: str, prefetch_multiplier: int) -> dict[str, str]:
+    host_port = endpoint_url.removeprefix("http://")
+    env = base_env(run)
+    env.update(
+        {
+            "BENCH_BROKER_URL": f"sqs://bench:bench@{host_port}",
+            "BENCH_QUEUE_URL": celery_queue_url(run, endpoint_url),
+            "BENCH_PREFETCH_MULTIPLIER": str(prefetch_multiplier),
+        }
+    )
+    return env
+
+
+def celery_send(run: Run, endpoint_url: str, jobs: int, rate_per_s: float, timeout_s: float) -> None:
+    env = celery_env(run, endpoint_url, 1)
+    env["BENCH_SEND_BROKER_URL"] = env["BENCH_BROKER_URL"]
+    command = [str(celery_python()), str(ROOT / "benchmarks" / "celery_app.py"), "send", "--jobs", str(jobs)]
+    command += ["--rate-per-s", str(rate_per_s)]
+    done = subprocess.run(  # noqa: S603 - our own fixed command line
+        command, env=env, cwd=ROOT, capture_output=True, timeout=timeout_s, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"celery send failed ({done.returncode}): {done.stderr.decode()[-2000:]}")
+
+
+def sqs_worker_send(client: Any, run: Run, jobs: int, rate_per_s: float) -> None:
+    if rate_per_s <= 0:
+        batch = [Job("noop", {"n": n, "sent_at": time.time()}) for n in range(jobs)]
+        enqueue_many(client, run.queue_url, batch)
+        return
+    started = time.monotonic()
+    for n in range(jobs):
+        pause_s = started + n / rate_per_s - time.monotonic()
+        if pause_s > 0:
+            time.sleep(pause_s)  # pacing a producer: there is no event to await
+        enqueue(client, run.queue_url, Job("noop", {"n": n, "sent_at": time.time()}))
+
+
+def send(client: Any, run: Run, endpoint_url: str, jobs: int, rate_per_s: float, timeout_s: float) -> None:
+    """Enqueue straight into LocalStack (``endpoint_url``), outside the counting proxy."""
+    if run.side.kind == "celery":
+        celery_send(run, endpoint_url, jobs, rate_per_s, timeout_s)
+    else:
+        sqs_worker_send(client, run, jobs, rate_per_s)
+
+
+def worker_command(run: Run, proxy_url: str, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    if run.side.kind == "celery":
+        command = [
+            str(CELERY_VENV / "bin" / "celery"),
+            "-A",
+            "benchmarks.celery_app",
+            "worker",
+            f"--pool={run.side.pool}",
+            f"--concurrency={args.concurrency}",
+            "--loglevel=WARNING",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-Q",
+            run.queue_name,
+        ]
+        return command, celery_env(run, proxy_url, args.celery_prefetch_multiplier)
+    env = base_env(run)
+    env.update(
+        {
+            "AWS_ENDPOINT_URL": proxy_url,
+            "WORKER_QUEUE": run.queue_url,
+            "WORKER_HANDLERS": "benchmarks.noop_handlers",
+            "WORKER_CONCURRENCY": str(args.concurrency),
+            "WORKER_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),
+            "WORKER_METRICS": "off",
+            "WORKER_LOG_LEVEL": "WARNING",
+            "WORKER_HEALTH_FILE": str(run.workdir / "health"),
+        }
+    )
+    return [str(SQS_WORKER_BIN), "run"], env
+
+
+def stop_worker(run: Run) -> None:
+    process = run.process
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # the worker's own session: it and its pool children
+        process.wait(timeout=10)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # prefork children left behind by a fast exit
+
+
+# ---------------------------------------------------------------- measuring
+
+
+class Sampler:
+    """Peak memory of the worker's tree, sampled while waiting."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_pss_mb = 0.0
+        self.peak_rss_mb = 0.0
+        self._next_at = 0.0
+
+    def maybe_sample(self) -> None:
+        now = time.monotonic()
+        if now < self._next_at:
+            return
+        self._next_at = now + MEMORY_EVERY_S
+        pss_mb, rss_mb = tree_memory_mb(self.pid)
+        self.peak_pss_mb = max(self.peak_pss_mb, pss_mb)
+        self.peak_rss_mb = max(self.peak_rss_mb, rss_mb)
+
+
+def queue_depth(client: Any, queue_url: str) -> int:
+    names = [
+        "ApproximateNumberOfMessages",
+        "ApproximateNumberOfMessagesNotVisible",
+        "ApproximateNumberOfMessagesDelayed",
+    ]
+    attributes = client.get_queue_attributes(QueueUrl=queue_url, AttributeNames=names)["Attributes"]
+    return sum(int(attributes.get(name, 0)) for name in names)
+
+
+def wait_done(client: Any, run: Run, target: int, sampler: Sampler, timeout_s: float) -> None:
+    """Until ``target`` jobs recorded their start and the queue holds nothing (all deleted); bounded."""
+    deadline = time.monotonic() + timeout_s
+    assert run.process is not None
+    while time.monotonic() < deadline:
+        if run.process.poll() is not None:
+            raise RuntimeError(f"{run.side.name} exited with {run.process.returncode}: {log_tail(run)}")
+        sampler.maybe_sample()
+        if effects.count(run.effects_file) >= target and queue_depth(client, run.queue_url) == 0:
+            return
+        time.sleep(POLL_S)  # polling another process's progress: nothing to await here
+    done = effects.count(run.effects_file)
+    raise TimeoutError(f"{run.side.name}: {done}/{target} jobs within {timeout_s} s: {log_tail(run)}")
+
+
+def wait_first_receive(proxy: CountingProxy, run: Run, timeout_s: float) -> None:
+    """Until the worker sent its first ReceiveMessage: the end of its startup (imports, clients, queue lookups)."""
+    deadline = time.monotonic() + timeout_s
+    assert run.process is not None
+    while time.monotonic() < deadline:
+        if run.process.poll() is not None:
+            raise RuntimeError(f"{run.side.name} exited with {run.process.returncode}: {log_tail(run)}")
+        if proxy.snapshot().counts.get("ReceiveMessage"):
+            return
+        time.sleep(POLL_S / 5)  # polling another process's progress: nothing to await here
+    raise TimeoutError(f"{run.side.name}: no ReceiveMessage within {timeout_s} s: {log_tail(run)}")
+
+
+def log_tail(run: Run) -> str:
+    with contextlib.suppress(OSError):
+        return run.log_file.read_text(errors="replace")[-3000:]
+    return ""
+
+
+def percentile_ms(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return round(1000 * ordered[int(fraction * (len(ordered) - 1))], 1) if ordered else 0.0
+
+
+def requests_summary(tally: Tally, jobs: int) -> dict[str, Any]:
+    total = sum(tally.counts.values())
+    return {
+        "sqs_requests": total,
+        "sqs_requests_per_job": round(total / jobs, 3),
+        "requests_by_action": dict(sorted(tally.counts.items())),
+        "request_errors": tally.errors,
+    }
+
+
+def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    client = boto3.client("sqs", endpoint_url=endpoint_url, region_name=os.environ["AWS_REGION"])
+    queue_name = f"bench-{side.name}-{uuid.uuid4().hex[:8]}"
+    created = ensure_queues(client, queue_name, visibility_timeout_s=VISIBILITY_TIMEOUT_S)
+    workdir = scratch / side.name
+    workdir.mkdir()
+    run = Run(side, queue_name, created.queue_url, workdir, workdir / "effects.txt", workdir / "worker.log")
+    send(client, run, endpoint_url, args.jobs, 0.0, args.timeout_s)
+    if queue_depth(client, run.queue_url) != args.jobs:
+        raise RuntimeError(f"{side.name}: preload left {queue_depth(client, run.queue_url)} messages, not {args.jobs}")
+    proxy = CountingProxy(endpoint_url)
+    proxy.start()
+    try:
+        command, env = worker_command(run, proxy.endpoint_url, args)
+        with run.log_file.open("wb") as log:
+            run.spawned_at = time.time()
+            run.process = subprocess.Popen(  # noqa: S603 - our own fixed command line
+                command, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+        sampler = Sampler(run.process.pid)
+        wait_first_receive(proxy, run, args.timeout_s)
+        cpu_startup_s = tree_cpu_s(run.process.pid)
+        wait_done(client, run, args.jobs, sampler, args.timeout_s)
+        drain = proxy.snapshot()
+        cpu_total_s = tree_cpu_s(run.process.pid)
+        cpu_drain_s = cpu_total_s - cpu_startup_s
+        first_receive = drain.first_start["ReceiveMessage"]
+        last_delete = max(drain.last_end.get(action, 0.0) for action in DELETE_ACTIONS)
+        drain_s = last_delete - first_receive
+        result: dict[str, Any] = {
+            "side": side.name,
+            "jobs": args.jobs,
+            "concurrency": args.concurrency,
+            "drain_s": round(drain_s, 3),
+            "jobs_per_s": round(args.jobs / drain_s, 1),
+            "spawn_to_done_s": round(last_delete - run.spawned_at, 3),
+            "startup_s": round(first_receive - run.spawned_at, 3),
+            **requests_summary(drain, args.jobs),
+            "cpu_startup_s": round(cpu_startup_s, 2),
+            "cpu_drain_s": round(cpu_drain_s, 2),
+            "cpu_ms_per_job": round(1000 * cpu_drain_s / args.jobs, 3),
+        }
+        proxy.reset()
+        if args.trickle_jobs:
+            send(client, run, endpoint_url, args.trickle_jobs, args.trickle_rate_per_s, args.timeout_s)
+            wait_done(client, run, args.jobs + args.trickle_jobs, sampler, args.timeout_s)
+            rows = effects.read(run.effects_file)[args.jobs :]
+            waits = [started - sent for sent, started in rows]
+            trickle = proxy.snapshot()
+            result["trickle"] = {
+                "jobs": args.trickle_jobs,
+                "rate_per_s": args.trickle_rate_per_s,
+                "latency_p50_ms": percentile_ms(waits, 0.5),
+                "latency_p95_ms": percentile_ms(waits, 0.95),
+                "latency_max_ms": percentile_ms(waits, 1.0),
+                **requests_summary(trickle, args.trickle_jobs),
+            }
+        sampler.maybe_sample()
+        result["peak_pss_mb"] = round(sampler.peak_pss_mb, 1)
+        result["peak_rss_sum_mb"] = round(sampler.peak_rss_mb, 1)
+        result["processes"] = len(tree_pids(run.process.pid))
+        return result
+    finally:
+        stop_worker(run)
+        proxy.stop()
+        with contextlib.suppress(Exception):
+            client.delete_queue(QueueUrl=run.queue_url)
+
+
+# ---------------------------------------------------------------- report
+
+
+def ratio(a: float, b: float) -> float | None:
+    return round(a / b, 2) if b else None
+
+
+def ratios(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """sqs-worker / other, per figure (above 1: sqs-worker has more of it)."""
+    out = {
+        "jobs_per_s": ratio(base["jobs_per_s"], other["jobs_per_s"]),
+        "sqs_requests_per_job": ratio(base["sqs_requests_per_job"], other["sqs_requests_per_job"]),
+        "cpu_ms_per_job": ratio(base["cpu_ms_per_job"], other["cpu_ms_per_job"]),
+        "peak_pss_mb": ratio(base["peak_pss_mb"], other["peak_pss_mb"]),
+    }
+    if "trickle" in base and "trickle" in other:
+        out["trickle_latency_p50_ms"] = ratio(base["trickle"]["latency_p50_ms"], other["trickle"]["latency_p50_ms"])
+    return out
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    columns: list[tuple[str, Callable[[dict[str, Any]], object]]] = [
+        ("side", lambda r: r["side"]),
+        ("jobs/s", lambda r: r["jobs_per_s"]),
+        ("drain s", lambda r: r["drain_s"]),
+        ("req/job", lambda r: r["sqs_requests_per_job"]),
+        ("cpu ms/job", lambda r: r["cpu_ms_per_job"]),
+        ("PSS MB", lambda r: r["peak_pss_mb"]),
+        ("procs", lambda r: r["processes"]),
+        ("startup s", lambda r: r["startup_s"]),
+        ("trickle p50 ms", lambda r: r.get("trickle", {}).get("latency_p50_ms", "")),
+        ("trickle p95 ms", lambda r: r.get("trickle", {}).get("latency_p95_ms", "")),
+        ("trickle req/job", lambda r: r.get("trickle", {}).get("sqs_requests_per_job", "")),
+    ]
+    lines = ["| " + " | ".join(name for name, _ in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(get(r)) for _, get in columns) + " |" for r in results]
+    return "\n".join(lines)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--endpoint-url", help="a running LocalStack (default: start one for the run)")
+    parser.add_argument("--jobs", type=int, default=500)
+    parser.add_argument("--concurrency", type=int, default=20)
+    parser.add_argument("--sides", default="sqs-worker,celery-threads,celery-prefork")
+    parser.add_argument("--celery-prefetch-multiplier", type=int, default=1)
+    parser.add_argument("--trickle-jobs", type=int, default=100, help="0: skip the latency phase")
+    parser.add_argument("--trickle-rate-per-s", type=float, default=20.0)
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="bound on every wait")
+    parser.add_argument("--json-out", type=Path)
+    return parser.parse_args()
+
+
+SIDES = {
+    "sqs-worker": Side("sqs-worker", "sqs-worker"),
+    "celery-threads": Side("celery-threads", "celery", "threads"),
+    "celery-prefork": Side("celery-prefork", "celery", "prefork"),
+}
+
+
+def main() -> int:
+    args = parse_args()
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_REGION": "us-east-1",
+    }.items():
+        os.environ.setdefault(name, value)
+    sides = [SIDES[name] for name in args.sides.split(",")]
+    if any(side.kind == "celery" for side in sides):
+        celery_python()
+    backend: Backend | None = None if args.endpoint_url else start_localstack()
+    endpoint_url = args.endpoint_url or (backend.endpoint_url if backend else "")
+    results = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-celery-") as scratch:
+            for side in sides:
+                print(f"measuring {side.name} ...", file=sys.stderr, flush=True)
+                results.append(measure_side(side, endpoint_url, args, Path(scratch)))
+    finally:
+        if backend is not None:
+            backend.stop()
+    base = next((r for r in results if r["side"] == "sqs-worker"), None)
+    report = {
+        "endpoint": "localstack",
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "results": results,
+        "ratios_sqs_worker_over": {r["side"]: ratios(base, r) for r in results if base and r is not base},
+    }
+    print(table(results))
+    print(json.dumps(report, indent=2))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
