@@ -26,5 +26,6 @@ locals {
     },
     length(var.handlers) > 0 ? { WORKER_HANDLERS = join(",", var.handlers) } : {},
     var.create_idempotency_table ? { WORKER_IDEMPOTENCY_TABLE = aws_dynamodb_table.idempotency[0].name } : {},
+    var.container_schedules_file != null ? { WORKER_SCHEDULES_FILE = var.container_schedules_file } : {},
   )
 }

@@ -16,6 +16,9 @@ locals {
     ])
   }
   has_schedules = length(local.schedules) > 0
+
+  # The keys worker.schedules.Schedule accepts; the worker rejects others, so Terraform does too.
+  schedule_keys = ["name", "expression", "timezone", "type", "payload", "flexible_window_minutes", "enabled", "start_date", "end_date", "description"]
 }
 
 resource "aws_scheduler_schedule_group" "this" {
@@ -75,6 +78,17 @@ resource "aws_scheduler_schedule" "this" {
 
     dead_letter_config {
       arn = aws_sqs_queue.scheduler_dlq[0].arn
+    }
+  }
+
+  lifecycle {
+    precondition {
+      condition     = alltrue([for key in keys(each.value) : contains(local.schedule_keys, key)])
+      error_message = "Schedule ${each.key}: unknown keys ${join(", ", setsubtract(keys(each.value), local.schedule_keys))} (allowed: ${join(", ", local.schedule_keys)}). Check with `sqs-worker schedules list`."
+    }
+    precondition {
+      condition     = can(regex("^[0-9A-Za-z_.-]{1,64}$", each.key)) && can(tostring(each.value.type)) && can(tostring(each.value.expression))
+      error_message = "Schedule ${each.key}: needs a name of 1-64 of [0-9A-Za-z_.-], an expression and a type."
     }
   }
 }

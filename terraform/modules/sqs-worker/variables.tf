@@ -204,6 +204,12 @@ variable "shutdown_grace_s" {
   }
 }
 
+variable "container_schedules_file" {
+  description = "Path of the schedule file inside the image, set as WORKER_SCHEDULES_FILE (for `sqs-worker schedules list` in the container). null: not set; Scheduler fires the jobs in AWS."
+  type        = string
+  default     = null
+}
+
 variable "environment" {
   description = "Extra environment variables for the worker container. The module's own WORKER_* variables win on a clash."
   type        = map(string)

@@ -176,3 +176,13 @@ run "no_schedules_no_scheduler_resources" {
     error_message = "without a schedule file there is no schedule, role or scheduler DLQ"
   }
 }
+
+run "unknown_keys_are_rejected_as_the_worker_does" {
+  command = plan
+
+  variables {
+    schedules_file = "tests/bad-schedules.yaml"
+  }
+
+  expect_failures = [aws_scheduler_schedule.this]
+}

@@ -191,6 +191,11 @@ run "task_definition_runs_the_worker" {
   }
 
   assert {
+    condition     = !contains(keys(local.worker_environment), "WORKER_SCHEDULES_FILE")
+    error_message = "no schedule file in the container unless container_schedules_file is set"
+  }
+
+  assert {
     condition     = jsondecode(aws_ecs_task_definition.worker[0].container_definitions)[0].logConfiguration.logDriver == "awslogs"
     error_message = "logs go to CloudWatch Logs"
   }
@@ -205,7 +210,19 @@ run "stop_timeout_is_capped" {
   command = apply
 
   variables {
-    shutdown_grace_s = 110
+    shutdown_grace_s         = 110
+    container_schedules_file = "/app/schedules.yaml"
+    environment              = { EXTRA = "1", WORKER_QUEUE = "overridden?" }
+  }
+
+  assert {
+    condition     = local.worker_environment.WORKER_SCHEDULES_FILE == "/app/schedules.yaml"
+    error_message = "container_schedules_file reaches the worker as WORKER_SCHEDULES_FILE"
+  }
+
+  assert {
+    condition     = contains(jsondecode(aws_ecs_task_definition.worker[0].container_definitions)[0].environment, { name = "EXTRA", value = "1" }) && contains(jsondecode(aws_ecs_task_definition.worker[0].container_definitions)[0].environment, { name = "WORKER_QUEUE", value = aws_sqs_queue.queue.url })
+    error_message = "extra environment is added, but the module's WORKER_* settings win"
   }
 
   assert {
