@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 from typing import Any
 
@@ -127,3 +128,20 @@ async def test_retries_grow_then_exhaust_to_the_dlq(backend: Backend) -> None:
     assert attributes["error_category"] == "exhausted"
     assert attributes["attempts"] == "4"
     assert attributes["error_message"] == "ConnectionError: upstream refused"
+
+
+async def test_plain_def_handlers_get_a_thread_per_slot(backend: Backend) -> None:
+    """Ten sync jobs with concurrency 10 all run at once (the default pool would give a 2-core machine 6)."""
+    queues = make_queues(backend.endpoint_url)
+    registry = Registry()
+    barrier = threading.Barrier(10, timeout=20)
+
+    @registry.job("meet", max_attempts=1)
+    def meet(payload: dict[str, Any]) -> None:
+        barrier.wait()  # raises BrokenBarrierError unless all ten run at the same time
+
+    async with running_worker(backend.endpoint_url, queues, registry, concurrency=10) as running:
+        for n in range(10):
+            send(backend.endpoint_url, queues.queue_url, {"type": "meet", "payload": {"n": n}})
+        await running.recorder.wait_count(Kind.SUCCEEDED, 10, timeout_s=40)
+    assert running.recorder.of(Kind.DEAD_LETTERED) == []

@@ -8,6 +8,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, MutableMapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,18 +75,18 @@ def build_context(
     return context
 
 
-async def call_handler(job: PreparedJob, context: JobContext) -> Any:
+async def call_handler(job: PreparedJob, context: JobContext, executor: Executor | None = None) -> Any:
     """Call the handler with its payload (and context), bounded by the job's timeout.
 
-    A plain ``def`` handler runs in the default thread pool; on timeout its thread cannot be stopped, so it
-    is left to finish in the background while the job is treated as timed out.
+    A plain ``def`` handler runs in ``executor`` (the worker's pool, one thread per slot); on timeout its thread
+    cannot be stopped, so it is left to finish in the background while the job is treated as timed out.
     """
     args: tuple[Any, ...] = (job.payload, context) if job.spec.wants_context else (job.payload,)
     if job.spec.is_async:
         return await asyncio.wait_for(job.spec.handler(*args), timeout=job.spec.timeout_s)
     call: Callable[[], Any] = functools.partial(contextvars.copy_context().run, job.spec.handler, *args)
     loop = asyncio.get_running_loop()
-    return await asyncio.wait_for(loop.run_in_executor(None, call), timeout=job.spec.timeout_s)
+    return await asyncio.wait_for(loop.run_in_executor(executor, call), timeout=job.spec.timeout_s)
 
 
 def result_for_ledger(result: Any) -> Any:

@@ -16,6 +16,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -117,6 +118,8 @@ class Worker:
         self._groups: dict[str, deque[Held]] = {}
         self._jobs: set[asyncio.Task[Any]] = set()
         self._stopping = False
+        #: Threads for plain ``def`` handlers: one per slot, so no sync job waits for a thread while its timeout runs.
+        self._executor = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="sqs-worker-job")
         self._sqs = Connectivity("sqs", self.observers)
         self._dynamodb = Connectivity("dynamodb", self.observers)
         self.fatal: BaseException | None = None
@@ -312,7 +315,7 @@ class Worker:
         self._emit(Kind.STARTED, held, queue_wait_s=queue_wait_s)
         started = time.monotonic()
         try:
-            result = await call_handler(job, context)
+            result = await call_handler(job, context, self._executor)
         except Exception as exc:
             await self._finish(held, self._failed(held, job, exc, time.monotonic() - started))
             return False
@@ -517,6 +520,8 @@ class Worker:
         heartbeat.cancel()
         await asyncio.gather(heartbeat, return_exceptions=True)
         await asyncio.gather(self.queue.drain(), self.dlq.drain())
+        # Threads of timed-out or cancelled sync handlers cannot be stopped; do not wait for them.
+        self._executor.shutdown(wait=False, cancel_futures=True)
         log.info("worker stopped", extra={"queue": self.queue.name})
 
     # ----------------------------------------------------------------------------------------------- events
