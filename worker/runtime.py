@@ -214,8 +214,10 @@ class Worker:
             self._forget(held)
 
     async def _finish(self, held: Held, outcome: Coroutine[Any, Any, None]) -> None:
-        """Apply an outcome, shielded from cancellation; heartbeats stop for ``held`` from this moment."""
+        """Apply an outcome, shielded from cancellation. From this moment heartbeats stop for ``held`` and its
+        slot is free: the next receive need not wait for this delete's round trip (shutdown still waits for it)."""
         held.finishing = True
+        self._forget(held)
         await asyncio.shield(outcome)
 
     async def _run_group(self, group: str) -> None:
