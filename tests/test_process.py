@@ -156,9 +156,7 @@ def test_dev_processes_demo_jobs(tmp_path: Path) -> None:
     del env["AWS_ENDPOINT_URL"]
     log_path = tmp_path / "dev.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [*cli_prefix(), "dev"], env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=tmp_path
-        )
+        process = subprocess.Popen([*cli_prefix(), "dev"], env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=tmp_path)
     try:
         wait_until(lambda: log_path.read_text().count("job succeeded") >= 3, 60, "demo jobs to succeed")
         text = log_path.read_text()
