@@ -173,3 +173,35 @@ def cli_prefix() -> list[str]:
     import sys
 
     return [sys.executable, "-m", "worker.cli"]
+
+
+def test_health_and_prometheus_endpoints_of_a_running_worker(backend: Backend, tmp_path: Path) -> None:
+    import urllib.request
+
+    from worker.localaws import free_port
+
+    port = free_port()
+    env, url = bootstrapped(backend, tmp_path, WORKER_HEALTH_PORT=str(port), WORKER_PROMETHEUS_PORT=str(port))
+    sqs_client(backend.endpoint_url).send_message(
+        QueueUrl=url, MessageBody=json.dumps({"type": "record", "payload": {"n": 1}})
+    )
+    worker = start("run", env=env, stderr_path=tmp_path / "worker.log")
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+                return response.status, response.read().decode()
+        except OSError:
+            return 0, ""
+
+    try:
+        wait_until(lambda: 'outcome="succeeded"' in get("/metrics")[1], 30, "the job in the scrape")
+        assert get("/healthz")[0] == 200
+        assert get("/readyz")[0] == 200
+        health = cli("health", "--check", env=env)
+        assert health.returncode == 0, health.stdout + health.stderr
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    stale = cli("health", "--check", env=env)
+    assert stale.returncode != 0  # the liveness file went with the worker

@@ -13,11 +13,12 @@ from typing import Any
 from worker.app import open_worker
 from worker.errors import QueueUnavailable
 from worker.events import Observer, Observers
-from worker.health import HealthObserver, serve_health
+from worker.health import HealthObserver, Route, health_routes, serve_http
 from worker.jobs import Registry
 from worker.logs import LogObserver
 from worker.metrics import build_metrics_observer
 from worker.names import queue_name_of
+from worker.prometheus import PrometheusObserver
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("worker")
@@ -59,8 +60,17 @@ async def serve(
     if metrics is not None:
         observers.add(metrics)
     background: list[asyncio.Task[None]] = []
+    routes_by_port: dict[int, dict[str, Route]] = {}
     if settings.health_port is not None:
-        background.append(asyncio.create_task(serve_health(settings, health, stop)))
+        routes_by_port.setdefault(settings.health_port, {}).update(health_routes(health))
+    if settings.prometheus_port is not None:
+        prometheus = PrometheusObserver(queue_name_of(settings.queue))
+        observers.add(prometheus)
+        routes_by_port.setdefault(settings.prometheus_port, {})["/metrics"] = prometheus.route
+    for port, routes in routes_by_port.items():
+        # All interfaces: probes and scrapes come from outside the container.
+        server = serve_http(routes, host="0.0.0.0", port=port, stop_event=stop)  # noqa: S104 # nosec B104
+        background.append(asyncio.create_task(server))
     try:
         async with open_worker(settings, registry, stop=stop, observers=observers) as worker:
             for companion in companions or []:
