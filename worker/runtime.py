@@ -3,7 +3,8 @@
 Lifecycle of a message: received (holds a slot, visibility claimed) -> started -> one outcome: acknowledged
 (deleted), retried (visibility set to the backoff delay), dead-lettered (sent to the DLQ, then deleted), or
 released (visibility 0: shutdown, a failure earlier in its FIFO group, or a live idempotency lease elsewhere).
-Acknowledgements and bookkeeping are shielded from cancellation so a SIGTERM cannot skip them.
+Acknowledgements and bookkeeping are shielded from cancellation so a SIGTERM cannot skip them. Heartbeats live
+in ``worker.heartbeat``, the SQS side of each outcome in ``worker.outcomes``.
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ import time
 from collections import deque
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from worker.batching import EntryFailed
-from worker.deadletter import dead_letter_attributes
-from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable, WorkerError
-from worker.events import Event, Kind, Observers
+from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable
+from worker.events import Kind, Observers
 from worker.execution import PreparedJob, build_context, call_handler, prepare, result_for_ledger
+from worker.heartbeat import Heartbeat
+from worker.held import Connectivity, Held
 from worker.jobs import Registry
-from worker.policy import BUG, PERMANENT, Action, classify_failure, describe_error, visibility_cap_s
+from worker.outcomes import Outcomes
+from worker.policy import BUG, PERMANENT, Action, classify_failure, describe_error
 from worker.slots import Slots
 from worker.sqs import Message, Queue
 
@@ -36,31 +37,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("worker")
 
-HEARTBEAT_TICK_S = 1.0
-#: Extend a claim when less than this share of the visibility timeout is left.
-EXTEND_BELOW_SHARE = 0.5
 #: How long a message waits before another try when the idempotency table is unreachable.
 LEDGER_RETRY_S = 10
-#: How long a message whose dead-lettering failed waits before another try.
-DEAD_LETTER_RETRY_S = 30
+#: How long a message waits before another try after an internal error of the worker.
+INTERNAL_ERROR_RETRY_S = 30
 RECEIVE_BACKOFF_MAX_S = 20.0
 #: Pauses between tries of recording a completion in the ledger (a retried complete is safe: it is fenced).
 COMPLETE_RETRY_DELAYS_S = (0.2, 1.0)
-
-
-@dataclass(eq=False)
-class Held:
-    """A message this worker holds: from its receive until its outcome was applied."""
-
-    message: Message
-    received_at: float
-    visible_until: float
-    started: bool = False
-    finishing: bool = False
-    lost: bool = False
-    claim: Claim | None = None
-    job_type: str | None = None
-    extension: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -69,27 +52,6 @@ class RuntimeOptions:
     visibility_timeout_s: int = 30
     shutdown_grace_s: float = 30.0
     poll_wait_s: int = 20
-
-
-class Connectivity:
-    """Reports an endpoint going away and coming back once per change, not once per failed call (the log
-    observer writes one line for each)."""
-
-    def __init__(self, service: str, observers: Observers) -> None:
-        self.service = service
-        self.reachable = True
-        self._observers = observers
-
-    def down(self, error: BaseException) -> None:
-        if self.reachable:
-            self.reachable = False
-            log.debug("%s unreachable: %s", self.service, error)
-            self._observers.connectivity(service=self.service, reachable=False)
-
-    def up(self) -> None:
-        if not self.reachable:
-            self.reachable = True
-            self._observers.connectivity(service=self.service, reachable=True)
 
 
 class Worker:
@@ -122,6 +84,17 @@ class Worker:
         self._executor = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="sqs-worker-job")
         self._sqs = Connectivity("sqs", self.observers)
         self._dynamodb = Connectivity("dynamodb", self.observers)
+        self.outcomes = Outcomes(queue=queue, dlq=dlq, observers=self.observers)
+        self.heartbeat = Heartbeat(
+            queue=queue,
+            held=self._held,
+            slots=self._slots,
+            visibility_timeout_s=options.visibility_timeout_s,
+            observers=self.observers,
+            sqs=self._sqs,
+            dynamodb=self._dynamodb,
+            ledger=ledger,
+        )
         self.fatal: BaseException | None = None
 
     # ----------------------------------------------------------------------------------------------- running
@@ -130,7 +103,7 @@ class Worker:
         """Consume until ``stop`` is set, then shut down cleanly. Raises the error that stopped it, if any."""
         loops = max(1, math.ceil(self.options.concurrency / 10))
         receivers = [asyncio.create_task(self._receive_loop(stop), name=f"receive-{i}") for i in range(loops)]
-        heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+        heartbeat = asyncio.create_task(self.heartbeat.run(), name="heartbeat")
         log.info(
             "worker started on %s (concurrency %d, %d receive loop%s)",
             self.queue.name,
@@ -206,9 +179,11 @@ class Worker:
             raise
         except Exception:
             # A fault of the worker itself, not of the job: keep the message (it reappears later) and go on.
-            log.exception("internal error while processing a message", extra=self._fields(held))
+            log.exception("internal error while processing a message", extra=held.log_fields(self.queue.name))
             if not held.finishing:
-                await self._finish(held, self._release(held, delay_s=DEAD_LETTER_RETRY_S, reason="internal error"))
+                await self._finish(
+                    held, self.outcomes.release(held, delay_s=INTERNAL_ERROR_RETRY_S, reason="internal error")
+                )
             return False
         finally:
             self._forget(held)
@@ -249,7 +224,7 @@ class Worker:
         try:
             job = prepare(message.body, self.registry)
         except InvalidMessage as exc:
-            await self._finish(held, self._dead_letter(held, exc.category, str(exc)))
+            await self._finish(held, self.outcomes.dead_letter(held, exc.category, str(exc)))
             return False
         held.job_type = job.spec.name
         if self.ledger is not None:
@@ -266,7 +241,7 @@ class Worker:
         try:
             key = job_key(job.spec, job.envelope, job.payload)
         except Exception as exc:
-            await self._finish(held, self._dead_letter(held, BUG, "idempotency key: " + describe_error(exc)))
+            await self._finish(held, self.outcomes.dead_letter(held, BUG, "idempotency key: " + describe_error(exc)))
             return False
         if key is None:
             return None
@@ -280,21 +255,23 @@ class Worker:
         except LedgerUnavailable as exc:
             self._dynamodb.down(exc)
             await self._finish(
-                held, self._release(held, delay_s=LEDGER_RETRY_S, reason="idempotency table unreachable")
+                held, self.outcomes.release(held, delay_s=LEDGER_RETRY_S, reason="idempotency table unreachable")
             )
             return False
         self._dynamodb.up()
         if claim.outcome == "completed":
-            await self._finish(held, self._ack(held))
+            await self._finish(held, self.outcomes.ack(held))
             self._emit(Kind.DUPLICATE_SKIPPED, held, idempotency_key=key)
             return True
         if claim.outcome == "busy":
             delay_s = math.ceil(claim.retry_after_s or self.options.visibility_timeout_s)
-            await self._finish(held, self._release(held, delay_s=delay_s, reason="idempotency lease held elsewhere"))
+            await self._finish(
+                held, self.outcomes.release(held, delay_s=delay_s, reason="idempotency lease held elsewhere")
+            )
             return False
         if claim.outcome == "conflict":
             reason = claim.reason or "idempotency key reused with another payload"
-            await self._finish(held, self._dead_letter(held, PERMANENT, reason))
+            await self._finish(held, self.outcomes.dead_letter(held, PERMANENT, reason))
             return False
         held.claim = claim
         return None
@@ -332,12 +309,12 @@ class Worker:
                 # The effect happened but is not recorded: leave the message to reappear. Its claim lapses
                 # with the lease and the next attempt runs again; keep downstream calls idempotent by key.
                 self._dynamodb.down(exc)
-                log.error("could not record completion; the job may run again", extra=self._fields(held))
+                log.error("could not record completion; the job may run again", extra=held.log_fields(self.queue.name))
                 return
             if not fenced_ok:
                 self._emit(Kind.CLAIM_LOST, held, reason="idempotency lease was taken over; not acknowledged")
                 return
-        await self._ack(held)
+        await self.outcomes.ack(held)
         self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)
 
     async def _complete_claim(self, claim: Claim, result: Any) -> bool:
@@ -366,11 +343,11 @@ class Worker:
         if decision.action is Action.RETRY:
             assert decision.delay_s is not None
             await self._ledger_settle(held, text, final=False)
-            await self._retry(held, decision.delay_s, text, duration_s)
+            await self.outcomes.retry(held, decision.delay_s, text, duration_s)
         else:
             assert decision.category is not None
             await self._ledger_settle(held, text, final=True)
-            await self._dead_letter(held, decision.category, text, duration_s=duration_s)
+            await self.outcomes.dead_letter(held, decision.category, text, duration_s=duration_s)
 
     async def _ledger_settle(self, held: Held, error: str, *, final: bool) -> None:
         if held.claim is None or self.ledger is None:
@@ -386,116 +363,16 @@ class Worker:
     async def _abandon(self, held: Held) -> None:
         """The job was cancelled (shutdown past the grace period): put the message back at once."""
         await self._ledger_settle(held, "cancelled at shutdown", final=False)
-        await self._release(held, delay_s=0, reason="cancelled at shutdown")
+        await self.outcomes.release(held, delay_s=0, reason="cancelled at shutdown")
 
-    # ----------------------------------------------------------------------------------------------- outcomes
-
-    async def _settle(self, held: Held) -> None:
-        """Stop heartbeats for ``held`` and wait for an extension in flight, so no later call undoes ours."""
-        held.finishing = True
-        if held.extension is not None and not held.extension.done():
-            await asyncio.gather(held.extension, return_exceptions=True)
-
-    async def _ack(self, held: Held) -> None:
-        await self._settle(held)
-        try:
-            await self.queue.delete(held.message.receipt_handle)
-        except (EntryFailed, QueueUnavailable) as exc:
-            log.warning("delete failed; the message will be delivered again: %s", exc, extra=self._fields(held))
-
-    async def _retry(self, held: Held, delay_s: int, error: str, duration_s: float) -> None:
-        await self._settle(held)
-        delay_s = min(delay_s, visibility_cap_s(elapsed_since_receive_s=time.monotonic() - held.received_at))
-        try:
-            await self.queue.set_visibility(held.message.receipt_handle, delay_s)
-        except (EntryFailed, QueueUnavailable) as exc:
-            log.warning("could not set the retry delay: %s", exc, extra=self._fields(held))
-        self._emit(Kind.RETRY_SCHEDULED, held, delay_s=float(delay_s), error=error, duration_s=duration_s)
-
-    async def _release(self, held: Held, *, delay_s: int, reason: str) -> None:
-        await self._settle(held)
-        try:
-            await self.queue.set_visibility(held.message.receipt_handle, delay_s)
-        except (EntryFailed, QueueUnavailable) as exc:
-            log.warning("could not release the message: %s", exc, extra=self._fields(held))
-        self._emit(Kind.RELEASED, held, delay_s=float(delay_s), reason=reason)
+    # ----------------------------------------------------------------------------------------------- releasing
 
     async def _release_all(self, batch: list[Held], *, reason: str, delay_s: int = 0) -> None:
         try:
-            await asyncio.gather(*(self._release(held, delay_s=delay_s, reason=reason) for held in batch))
+            await asyncio.gather(*(self.outcomes.release(held, delay_s=delay_s, reason=reason) for held in batch))
         finally:
             for held in batch:
                 self._forget(held)
-
-    async def _dead_letter(self, held: Held, category: str, error: str, *, duration_s: float | None = None) -> None:
-        """Send to the DLQ first, then delete from the source: a crash between the two duplicates, never loses."""
-        await self._settle(held)
-        message = held.message
-        attributes = dead_letter_attributes(
-            category=category,
-            error_message=error,
-            attempts=message.receive_count,
-            source_queue=self.queue.name,
-            original_message_id=message.message_id,
-            failed_at=datetime.now(UTC),
-            original=message.message_attributes,
-        )
-        try:
-            await self.dlq.send(
-                message.body,
-                attributes=attributes,
-                group_id=message.group_id,
-                deduplication_id=message.message_id,
-            )
-        except WorkerError as exc:
-            log.error("dead-lettering failed; the message stays in the queue: %s", exc, extra=self._fields(held))
-            with contextlib.suppress(EntryFailed, QueueUnavailable):  # else it reappears when its visibility lapses
-                await self.queue.set_visibility(message.receipt_handle, DEAD_LETTER_RETRY_S)
-            return
-        try:
-            await self.queue.delete(message.receipt_handle)
-        except (EntryFailed, QueueUnavailable) as exc:
-            log.warning("dead-lettered, but the delete failed (a duplicate may follow): %s", exc)
-        self._emit(Kind.DEAD_LETTERED, held, category=category, error=error, duration_s=duration_s)
-
-    # ----------------------------------------------------------------------------------------------- heartbeat
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            self.observers.gauge(in_flight=len(self._held), free_slots=self._slots.free)
-            now = time.monotonic()
-            threshold = self.options.visibility_timeout_s * EXTEND_BELOW_SHARE
-            for held in list(self._held.values()):
-                if held.finishing or held.lost or (held.extension is not None and not held.extension.done()):
-                    continue
-                if held.visible_until - now < threshold:
-                    held.extension = asyncio.create_task(self._extend(held))
-            await asyncio.sleep(HEARTBEAT_TICK_S)  # a fixed cadence; nothing to await but time
-
-    async def _extend(self, held: Held) -> None:
-        now = time.monotonic()
-        timeout_s = min(
-            self.options.visibility_timeout_s, visibility_cap_s(elapsed_since_receive_s=now - held.received_at)
-        )
-        if timeout_s <= 0:
-            return
-        try:
-            await self.queue.set_visibility(held.message.receipt_handle, timeout_s)
-        except EntryFailed as exc:
-            held.lost = True
-            self._emit(Kind.CLAIM_LOST, held, reason=str(exc))
-            return
-        except QueueUnavailable as exc:
-            self._sqs.down(exc)
-            return
-        held.visible_until = now + timeout_s
-        self._emit(Kind.HEARTBEAT, held, delay_s=float(timeout_s))
-        if held.claim is not None and self.ledger is not None and not held.finishing:
-            try:
-                if not await self.ledger.renew(held.claim, lease_s=timeout_s):
-                    self._emit(Kind.CLAIM_LOST, held, reason="idempotency lease was taken over")
-            except LedgerUnavailable as exc:
-                self._dynamodb.down(exc)
 
     # ----------------------------------------------------------------------------------------------- shutdown
 
@@ -529,20 +406,7 @@ class Worker:
     # ----------------------------------------------------------------------------------------------- events
 
     def _emit(self, kind: Kind, held: Held, **fields: Any) -> None:
-        message = held.message
-        self.observers.emit(
-            Event(
-                kind=kind,
-                queue=self.queue.name,
-                message_id=message.message_id,
-                job_type=held.job_type,
-                attempt=message.receive_count,
-                **fields,
-            )
-        )
-
-    def _fields(self, held: Held) -> dict[str, Any]:
-        return {"message_id": held.message.message_id, "job_type": held.job_type, "queue": self.queue.name}
+        self.outcomes.emit(kind, held, **fields)
 
     @property
     def in_flight(self) -> int:

@@ -1,0 +1,87 @@
+"""Heartbeats: keep the claims of held messages alive (ChangeMessageVisibilityBatch, never past SQS's 12-hour
+cap) and renew their idempotency leases, while their jobs run or wait their turn."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from worker.batching import EntryFailed
+from worker.errors import LedgerUnavailable, QueueUnavailable
+from worker.events import Kind, Observers
+from worker.held import Connectivity, Held
+from worker.policy import visibility_cap_s
+from worker.slots import Slots
+from worker.sqs import Queue
+
+if TYPE_CHECKING:
+    from worker.idempotency import Ledger
+
+HEARTBEAT_TICK_S = 1.0
+#: Extend a claim when less than this share of the visibility timeout is left.
+EXTEND_BELOW_SHARE = 0.5
+
+
+class Heartbeat:
+    """Extends the visibility of the messages in ``held`` before it lapses; reports gauges once a tick."""
+
+    def __init__(
+        self,
+        *,
+        queue: Queue,
+        held: dict[str, Held],
+        slots: Slots,
+        visibility_timeout_s: int,
+        observers: Observers,
+        sqs: Connectivity,
+        dynamodb: Connectivity,
+        ledger: Ledger | None = None,
+    ) -> None:
+        self.queue = queue
+        self.held = held
+        self.slots = slots
+        self.visibility_timeout_s = visibility_timeout_s
+        self.observers = observers
+        self.sqs = sqs
+        self.dynamodb = dynamodb
+        self.ledger = ledger
+
+    def _emit(self, kind: Kind, held: Held, **fields: Any) -> None:
+        self.observers.emit(held.event(kind, self.queue.name, **fields))
+
+    async def run(self) -> None:
+        """Tick about once a second until cancelled: report gauges, extend claims that are due."""
+        while True:
+            self.observers.gauge(in_flight=len(self.held), free_slots=self.slots.free)
+            now = time.monotonic()
+            threshold = self.visibility_timeout_s * EXTEND_BELOW_SHARE
+            for held in list(self.held.values()):
+                if held.finishing or held.lost or (held.extension is not None and not held.extension.done()):
+                    continue
+                if held.visible_until - now < threshold:
+                    held.extension = asyncio.create_task(self._extend(held))
+            await asyncio.sleep(HEARTBEAT_TICK_S)  # a fixed cadence; nothing to await but time
+
+    async def _extend(self, held: Held) -> None:
+        now = time.monotonic()
+        timeout_s = min(self.visibility_timeout_s, visibility_cap_s(elapsed_since_receive_s=now - held.received_at))
+        if timeout_s <= 0:
+            return
+        try:
+            await self.queue.set_visibility(held.message.receipt_handle, timeout_s)
+        except EntryFailed as exc:
+            held.lost = True
+            self._emit(Kind.CLAIM_LOST, held, reason=str(exc))
+            return
+        except QueueUnavailable as exc:
+            self.sqs.down(exc)
+            return
+        held.visible_until = now + timeout_s
+        self._emit(Kind.HEARTBEAT, held, delay_s=float(timeout_s))
+        if held.claim is not None and self.ledger is not None and not held.finishing:
+            try:
+                if not await self.ledger.renew(held.claim, lease_s=timeout_s):
+                    self._emit(Kind.CLAIM_LOST, held, reason="idempotency lease was taken over")
+            except LedgerUnavailable as exc:
+                self.dynamodb.down(exc)

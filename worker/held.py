@@ -1,0 +1,67 @@
+"""What the worker holds: a received message from its receive until its outcome was applied, and the
+reachability of the endpoints it talks to."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from worker.events import Event, Kind, Observers
+from worker.sqs import Message
+
+if TYPE_CHECKING:
+    from worker.idempotency import Claim
+
+log = logging.getLogger("worker")
+
+
+@dataclass(eq=False)
+class Held:
+    """A message this worker holds: from its receive until its outcome was applied."""
+
+    message: Message
+    received_at: float
+    visible_until: float
+    started: bool = False
+    finishing: bool = False
+    lost: bool = False
+    claim: Claim | None = None
+    job_type: str | None = None
+    extension: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def event(self, kind: Kind, queue: str, **fields: Any) -> Event:
+        """An event about this message; never carries its payload."""
+        return Event(
+            kind=kind,
+            queue=queue,
+            message_id=self.message.message_id,
+            job_type=self.job_type,
+            attempt=self.message.receive_count,
+            **fields,
+        )
+
+    def log_fields(self, queue: str) -> dict[str, Any]:
+        return {"message_id": self.message.message_id, "job_type": self.job_type, "queue": queue}
+
+
+class Connectivity:
+    """Reports an endpoint going away and coming back once per change, not once per failed call (the log
+    observer writes one line for each)."""
+
+    def __init__(self, service: str, observers: Observers) -> None:
+        self.service = service
+        self.reachable = True
+        self._observers = observers
+
+    def down(self, error: BaseException) -> None:
+        if self.reachable:
+            self.reachable = False
+            log.debug("%s unreachable: %s", self.service, error)
+            self._observers.connectivity(service=self.service, reachable=False)
+
+    def up(self) -> None:
+        if not self.reachable:
+            self.reachable = True
+            self._observers.connectivity(service=self.service, reachable=True)
