@@ -15,6 +15,9 @@ divided by N. CPU per job = user+system seconds of the worker's process tree fro
 the drain (startup CPU, mostly imports, reported apart), divided by N. Memory = peak of the tree's summed PSS
 (proportional set size: prefork children share pages, RSS would count them once per child).
 
+"jobs/s by starts" is timed from the side channel alone: (N - 1) / (last job's start - first job's start); with
+--no-proxy it is the only timing (the workers talk to LocalStack directly), which shows what the proxy costs.
+
 Trickle: then M more jobs are sent one at a time at R/s into the now idle worker; the latency from send to start
 (p50/p95) comes from the side channel, and the requests the worker made in that phase are counted too.
 
@@ -319,8 +322,46 @@ def requests_summary(tally: Tally, jobs: int) -> dict[str, Any]:
     }
 
 
-def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    client = boto3.client("sqs", endpoint_url=endpoint_url, region_name=os.environ["AWS_REGION"])
+def starts_span(run: Run, jobs: int) -> dict[str, float]:
+    """Timing from the side channel alone (no proxy needed): first to last start of the preloaded jobs."""
+    starts = sorted(started for _, started in effects.read(run.effects_file)[:jobs])
+    span_s = starts[-1] - starts[0]
+    return {
+        "starts_span_s": round(span_s, 3),
+        "jobs_per_s_by_starts": round((jobs - 1) / span_s, 1) if span_s > 0 else 0.0,
+        "spawn_to_first_start_s": round(starts[0] - run.spawned_at, 3),
+    }
+
+
+def drain_figures(drain: Tally, run: Run, jobs: int) -> dict[str, Any]:
+    first_receive = drain.first_start["ReceiveMessage"]
+    last_delete = max(drain.last_end.get(action, 0.0) for action in DELETE_ACTIONS)
+    drain_s = last_delete - first_receive
+    return {
+        "drain_s": round(drain_s, 3),
+        "jobs_per_s": round(jobs / drain_s, 1),
+        "spawn_to_done_s": round(last_delete - run.spawned_at, 3),
+        "startup_s": round(first_receive - run.spawned_at, 3),
+        **requests_summary(drain, jobs),
+    }
+
+
+def trickle_figures(run: Run, args: argparse.Namespace, tally: Tally | None) -> dict[str, Any]:
+    waits = [started - sent for sent, started in effects.read(run.effects_file)[args.jobs :]]
+    figures: dict[str, Any] = {
+        "jobs": args.trickle_jobs,
+        "rate_per_s": args.trickle_rate_per_s,
+        "latency_p50_ms": percentile_ms(waits, 0.5),
+        "latency_p95_ms": percentile_ms(waits, 0.95),
+        "latency_max_ms": percentile_ms(waits, 1.0),
+    }
+    if tally is not None:
+        figures.update(requests_summary(tally, args.trickle_jobs))
+    return figures
+
+
+def prepare(side: Side, client: Any, endpoint_url: str, args: argparse.Namespace, scratch: Path) -> Run:
+    """A fresh queue (with its DLQ, as sqs-worker bootstrap makes it) holding ``args.jobs`` jobs of the side's kind."""
     queue_name = f"bench-{side.name}-{uuid.uuid4().hex[:8]}"
     created = ensure_queues(client, queue_name, visibility_timeout_s=VISIBILITY_TIMEOUT_S)
     workdir = scratch / side.name
@@ -329,53 +370,44 @@ def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratc
     send(client, run, endpoint_url, args.jobs, 0.0, args.timeout_s)
     if queue_depth(client, run.queue_url) != args.jobs:
         raise RuntimeError(f"{side.name}: preload left {queue_depth(client, run.queue_url)} messages, not {args.jobs}")
-    proxy = CountingProxy(endpoint_url)
-    proxy.start()
+    return run
+
+
+def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    client = boto3.client("sqs", endpoint_url=endpoint_url, region_name=os.environ["AWS_REGION"])
+    run = prepare(side, client, endpoint_url, args, scratch)
+    proxy = None if args.no_proxy else CountingProxy(endpoint_url)
     try:
-        command, env = worker_command(run, proxy.endpoint_url, args)
+        if proxy is not None:
+            proxy.start()
+        command, env = worker_command(run, proxy.endpoint_url if proxy else endpoint_url, args)
         with run.log_file.open("wb") as log:
             run.spawned_at = time.time()
             run.process = subprocess.Popen(  # noqa: S603 - our own fixed command line
                 command, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
             )
         sampler = Sampler(run.process.pid)
-        wait_first_receive(proxy, run, args.timeout_s)
-        cpu_startup_s = tree_cpu_s(run.process.pid)
+        result: dict[str, Any] = {"side": side.name, "jobs": args.jobs, "concurrency": args.concurrency}
+        cpu_startup_s = 0.0
+        if proxy is not None:
+            wait_first_receive(proxy, run, args.timeout_s)
+            cpu_startup_s = tree_cpu_s(run.process.pid)
         wait_done(client, run, args.jobs, sampler, args.timeout_s)
-        drain = proxy.snapshot()
-        cpu_total_s = tree_cpu_s(run.process.pid)
-        cpu_drain_s = cpu_total_s - cpu_startup_s
-        first_receive = drain.first_start["ReceiveMessage"]
-        last_delete = max(drain.last_end.get(action, 0.0) for action in DELETE_ACTIONS)
-        drain_s = last_delete - first_receive
-        result: dict[str, Any] = {
-            "side": side.name,
-            "jobs": args.jobs,
-            "concurrency": args.concurrency,
-            "drain_s": round(drain_s, 3),
-            "jobs_per_s": round(args.jobs / drain_s, 1),
-            "spawn_to_done_s": round(last_delete - run.spawned_at, 3),
-            "startup_s": round(first_receive - run.spawned_at, 3),
-            **requests_summary(drain, args.jobs),
-            "cpu_startup_s": round(cpu_startup_s, 2),
-            "cpu_drain_s": round(cpu_drain_s, 2),
-            "cpu_ms_per_job": round(1000 * cpu_drain_s / args.jobs, 3),
-        }
-        proxy.reset()
+        cpu_drain_s = tree_cpu_s(run.process.pid) - cpu_startup_s
+        if proxy is not None:
+            result.update(drain_figures(proxy.snapshot(), run, args.jobs))
+            proxy.reset()
+        result.update(starts_span(run, args.jobs))
+        if proxy is not None:  # the first ReceiveMessage marks the end of startup
+            result["cpu_startup_s"] = round(cpu_startup_s, 2)
+            result["cpu_drain_s"] = round(cpu_drain_s, 2)
+            result["cpu_ms_per_job"] = round(1000 * cpu_drain_s / args.jobs, 3)
+        else:
+            result["cpu_startup_and_drain_s"] = round(cpu_drain_s, 2)
         if args.trickle_jobs:
             send(client, run, endpoint_url, args.trickle_jobs, args.trickle_rate_per_s, args.timeout_s)
             wait_done(client, run, args.jobs + args.trickle_jobs, sampler, args.timeout_s)
-            rows = effects.read(run.effects_file)[args.jobs :]
-            waits = [started - sent for sent, started in rows]
-            trickle = proxy.snapshot()
-            result["trickle"] = {
-                "jobs": args.trickle_jobs,
-                "rate_per_s": args.trickle_rate_per_s,
-                "latency_p50_ms": percentile_ms(waits, 0.5),
-                "latency_p95_ms": percentile_ms(waits, 0.95),
-                "latency_max_ms": percentile_ms(waits, 1.0),
-                **requests_summary(trickle, args.trickle_jobs),
-            }
+            result["trickle"] = trickle_figures(run, args, proxy.snapshot() if proxy else None)
         sampler.maybe_sample()
         result["peak_pss_mb"] = round(sampler.peak_pss_mb, 1)
         result["peak_rss_sum_mb"] = round(sampler.peak_rss_mb, 1)
@@ -383,7 +415,8 @@ def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratc
         return result
     finally:
         stop_worker(run)
-        proxy.stop()
+        if proxy is not None:
+            proxy.stop()
         with contextlib.suppress(Exception):
             client.delete_queue(QueueUrl=run.queue_url)
 
@@ -397,12 +430,8 @@ def ratio(a: float, b: float) -> float | None:
 
 def ratios(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     """sqs-worker / other, per figure (above 1: sqs-worker has more of it)."""
-    out = {
-        "jobs_per_s": ratio(base["jobs_per_s"], other["jobs_per_s"]),
-        "sqs_requests_per_job": ratio(base["sqs_requests_per_job"], other["sqs_requests_per_job"]),
-        "cpu_ms_per_job": ratio(base["cpu_ms_per_job"], other["cpu_ms_per_job"]),
-        "peak_pss_mb": ratio(base["peak_pss_mb"], other["peak_pss_mb"]),
-    }
+    names = ["jobs_per_s", "jobs_per_s_by_starts", "sqs_requests_per_job", "cpu_ms_per_job", "peak_pss_mb"]
+    out = {name: ratio(base[name], other[name]) for name in names if name in base and name in other}
     if "trickle" in base and "trickle" in other:
         out["trickle_latency_p50_ms"] = ratio(base["trickle"]["latency_p50_ms"], other["trickle"]["latency_p50_ms"])
     return out
@@ -411,13 +440,14 @@ def ratios(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 def table(results: list[dict[str, Any]]) -> str:
     columns: list[tuple[str, Callable[[dict[str, Any]], object]]] = [
         ("side", lambda r: r["side"]),
-        ("jobs/s", lambda r: r["jobs_per_s"]),
-        ("drain s", lambda r: r["drain_s"]),
-        ("req/job", lambda r: r["sqs_requests_per_job"]),
-        ("cpu ms/job", lambda r: r["cpu_ms_per_job"]),
+        ("jobs/s", lambda r: r.get("jobs_per_s", "")),
+        ("drain s", lambda r: r.get("drain_s", "")),
+        ("jobs/s by starts", lambda r: r["jobs_per_s_by_starts"]),
+        ("req/job", lambda r: r.get("sqs_requests_per_job", "")),
+        ("cpu ms/job", lambda r: r.get("cpu_ms_per_job", "")),
         ("PSS MB", lambda r: r["peak_pss_mb"]),
         ("procs", lambda r: r["processes"]),
-        ("startup s", lambda r: r["startup_s"]),
+        ("spawn to 1st job s", lambda r: r["spawn_to_first_start_s"]),
         ("trickle p50 ms", lambda r: r.get("trickle", {}).get("latency_p50_ms", "")),
         ("trickle p95 ms", lambda r: r.get("trickle", {}).get("latency_p95_ms", "")),
         ("trickle req/job", lambda r: r.get("trickle", {}).get("sqs_requests_per_job", "")),
@@ -438,6 +468,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--trickle-rate-per-s", type=float, default=20.0)
     parser.add_argument("--timeout-s", type=float, default=600.0, help="bound on every wait")
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument(
+        "--no-proxy",
+        action="store_true",
+        help="workers talk to LocalStack directly: no request counts, timing from the side channel only "
+        "(shows what the counting proxy costs each side)",
+    )
     return parser.parse_args()
 
 
@@ -472,7 +508,7 @@ def main() -> int:
             backend.stop()
     base = next((r for r in results if r["side"] == "sqs-worker"), None)
     report = {
-        "endpoint": "localstack",
+        "endpoint": "localstack" + ("" if args.no_proxy else " via counting proxy"),
         "cpus": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "results": results,
