@@ -78,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     from worker.bootstrap import ensure_queues
-    from worker.jobs import default_registry, import_handlers
+    from worker.jobs import import_handlers
     from worker.settings import aws_region, load_settings
 
     settings = load_settings()
@@ -97,7 +97,6 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     if settings.idempotency_table:
         created_table = asyncio.run(ensure_table(region, settings.idempotency_table))
         print(f"idempotency table: {settings.idempotency_table} ({'created' if created_table else 'exists'})")
-    del default_registry
     return 0
 
 
