@@ -3,7 +3,9 @@ conflicts, retries and failures as the ledger records them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -15,7 +17,7 @@ from tests.support.harness import drain, make_queues, running_worker, send
 from tests.support.idempotency import WriteCounter, dynamodb_client
 from worker import JobContext, PermanentError, RetryableError
 from worker.events import Kind
-from worker.idempotency import CONFLICT_REASON, Ledger, Status, create_table
+from worker.idempotency import CONFLICT_REASON, Ledger, Status, create_table, payload_hash
 from worker.jobs import Registry
 
 if TYPE_CHECKING:
@@ -164,3 +166,40 @@ async def test_a_broken_key_function_is_dead_lettered_as_a_bug(backend: Backend,
         dead = await running.recorder.wait_count(Kind.DEAD_LETTERED, 1, timeout_s=20)
     assert ran == []
     assert dead[0].category == "bug"
+
+
+async def test_a_handler_whose_lease_is_taken_over_is_stopped(
+    backend: Backend, dynamodb: DynamoDBClient, ledger: Ledger
+) -> None:
+    """A worker that finds at a heartbeat that another worker took its lease over stops its handler at once and
+    leaves the message and the ledger to the new owner."""
+    queues = make_queues(backend.endpoint_url)
+    registry = Registry()
+    started = asyncio.Event()
+    cancelled: list[bool] = []
+
+    @registry.job("long", timeout_s=120)
+    async def long(payload: dict[str, Any]) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # runs until stopped
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    payload = {"report": 7}
+    async with running_worker(backend.endpoint_url, queues, registry, ledger=ledger, visibility_timeout_s=6) as running:
+        send(backend.endpoint_url, queues.queue_url, {"type": "long", "payload": payload, "idempotency_key": "rep-7"})
+        await asyncio.wait_for(started.wait(), timeout=30)
+        # Another worker whose clock is an hour ahead sees the lease as lapsed and takes the job over.
+        thief = Ledger(dynamodb, ledger.table_name, owner="thief", clock=lambda: time.time() + 3600)
+        stolen = await thief.claim(key="rep-7", job_type="long", payload_hash=payload_hash("long", payload), lease_s=30)
+        assert stolen.outcome == "run"
+        lost = await running.recorder.wait_count(Kind.CLAIM_LOST, 1, timeout_s=30)
+        await running.recorder.wait_for(lambda _: bool(cancelled), timeout_s=10)
+    assert "handler stopped" in (lost[0].reason or "")
+    for kind in (Kind.SUCCEEDED, Kind.RETRY_SCHEDULED, Kind.DEAD_LETTERED):
+        assert running.recorder.of(kind) == []
+    record = await ledger.get("rep-7")
+    assert record is not None
+    assert record.owner == "thief"

@@ -82,6 +82,7 @@ class Heartbeat:
         if held.claim is not None and self.ledger is not None and not held.finishing:
             try:
                 if not await self.ledger.renew(held.claim, lease_s=timeout_s):
-                    self._emit(Kind.CLAIM_LOST, held, reason="idempotency lease was taken over")
+                    self._emit(Kind.CLAIM_LOST, held, reason="idempotency lease was taken over; handler stopped")
+                    held.stop_handler()
             except LedgerUnavailable as exc:
                 self.dynamodb.down(exc)

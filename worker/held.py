@@ -28,8 +28,16 @@ class Held:
     finishing: bool = False
     lost: bool = False
     claim: Claim | None = None
+    lease_lost: bool = False
     job_type: str | None = None
     extension: asyncio.Task[None] | None = field(default=None, repr=False)
+    handler: asyncio.Future[Any] | None = field(default=None, repr=False)
+
+    def stop_handler(self) -> None:
+        """Cancel the running handler: its idempotency lease went to another worker, which runs the job now."""
+        self.lease_lost = True
+        if self.handler is not None and not self.handler.done():
+            self.handler.cancel()
 
     def event(self, kind: Kind, queue: str, **fields: Any) -> Event:
         """An event about this message; never carries its payload."""

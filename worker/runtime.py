@@ -293,8 +293,15 @@ class Worker:
         queue_wait_s = max(0.0, time.time() - sent_ms / 1000) if sent_ms else None
         self._emit(Kind.STARTED, held, queue_wait_s=queue_wait_s)
         started = time.monotonic()
+        held.handler = asyncio.ensure_future(call_handler(job, context, self._executor))
         try:
-            result = await call_handler(job, context, self._executor)
+            result = await held.handler
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if held.lease_lost and not (current is not None and current.cancelling()):
+                # Another worker took the job over: it owns the message and the outcome now; touch neither.
+                return False
+            raise
         except Exception as exc:
             await self._finish(held, self._failed(held, job, exc, time.monotonic() - started))
             return False
