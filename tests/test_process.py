@@ -100,6 +100,10 @@ def test_second_signal_exits_at_once(backend: Backend, tmp_path: Path) -> None:
         ({"WORKER_QUEUE": "q", "WORKER_CONCURRENCY": "lots"}, "WORKER_CONCURRENCY"),
         ({"WORKER_QUEUE": "q", "WORKER_HANDLERS": "no.such.module"}, "cannot import handler module 'no.such.module'"),
         ({"WORKER_QUEUE": "q"}, "no job handlers registered"),
+        (
+            {"WORKER_QUEUE": "q", "WORKER_HANDLERS": "tests.support.idempotent_handlers"},
+            "are idempotent but WORKER_IDEMPOTENCY_TABLE is not set",
+        ),
     ],
 )
 def test_bad_settings_stop_the_start_with_one_line(settings: dict[str, str], expected: str, tmp_path: Path) -> None:
@@ -205,3 +209,28 @@ def test_health_and_prometheus_endpoints_of_a_running_worker(backend: Backend, t
         assert worker.wait(timeout=30) == 0
     stale = cli("health", "--check", env=env)
     assert stale.returncode != 0  # the liveness file went with the worker
+
+
+def test_missing_idempotency_table_is_a_clear_error(backend: Backend, tmp_path: Path) -> None:
+    env, _ = bootstrapped(backend, tmp_path)
+    env.update(WORKER_IDEMPOTENCY_TABLE="no-such-table", WORKER_HANDLERS="tests.support.idempotent_handlers")
+    result = cli("run", env=env, timeout_s=60)
+    assert result.returncode == 2, result.stderr
+    assert "idempotency table 'no-such-table' does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_input_errors_are_one_line(backend: Backend, tmp_path: Path) -> None:
+    env, _ = bootstrapped(backend, tmp_path)
+    for args, expected in [
+        (("enqueue", ""), "type: String should have at least 1 character"),
+        (("enqueue", "record", "--idempotency-key", ""), "idempotency_key: String should have at least 1 character"),
+        (("bootstrap", "--max-receive-count", "0"), "must be between 1 and 1000"),
+    ]:
+        result = cli(*args, env=env)
+        assert result.returncode == 2, result.stderr
+        assert expected in result.stderr
+        assert "Traceback" not in result.stderr
+    warned = cli("bootstrap", "--max-receive-count", "2", env=env)
+    assert warned.returncode == 0
+    assert "not above the largest max_attempts (3)" in warned.stderr

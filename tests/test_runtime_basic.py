@@ -145,3 +145,13 @@ async def test_plain_def_handlers_get_a_thread_per_slot(backend: Backend) -> Non
             send(backend.endpoint_url, queues.queue_url, {"type": "meet", "payload": {"n": n}})
         await running.recorder.wait_count(Kind.SUCCEEDED, 10, timeout_s=40)
     assert running.recorder.of(Kind.DEAD_LETTERED) == []
+
+
+async def test_an_idle_worker_reports_all_slots_free(backend: Backend) -> None:
+    """Slots a receive loop reserved for its long poll are free for jobs, not busy."""
+    queues = make_queues(backend.endpoint_url)
+    async with running_worker(
+        backend.endpoint_url, queues, registry_with([]), concurrency=25, poll_wait_s=5
+    ) as running:
+        await running.recorder.wait_for(lambda r: len(r.gauges) >= 2)
+    assert running.recorder.gauges[-1] == (0, 25)

@@ -132,3 +132,7 @@ def test_fire_refuses_unknown_schedules_and_times_not_yet_due(
     assert "no due fire time yet: pass --at" in capsys.readouterr().err
     assert main(["schedules", "fire", "launch", "--at", "tomorrow"]) == 2
     assert "not an ISO 8601 time" in capsys.readouterr().err
+    assert main(["schedules", "fire", "weekday-report", "--at", "2026-11-29T09:00:00"]) == 2  # a Sunday
+    assert "not a fire time of schedule 'weekday-report'" in capsys.readouterr().err
+    assert main(["schedules", "fire", "weekday-report", "--at", "2026-11-30T10:00:00"]) == 2  # not 09:00
+    assert "the next one is 2026-12-01T08:00:00Z" in capsys.readouterr().err

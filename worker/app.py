@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
+from botocore.exceptions import BotoCoreError, ClientError
 
 from worker.errors import ConfigError, QueueUnavailable
 from worker.events import Observers
@@ -19,7 +20,7 @@ from worker.jobs import Registry
 from worker.names import default_dlq_name, queue_name_of
 from worker.runtime import RuntimeOptions, Worker
 from worker.settings import WorkerSettings, aws_region
-from worker.sqs import Queue, redrive_target_url, resolve_queue_url
+from worker.sqs import Queue, is_transient, redrive_target_url, resolve_queue_url
 
 if TYPE_CHECKING:
     from types_aiobotocore_sqs import SQSClient
@@ -80,6 +81,25 @@ async def wait_for_endpoint(client: SQSClient, settings: WorkerSettings, stop: a
             delay_s = min(delay_s * 2, 20.0)
 
 
+async def check_table(client: Any, table: str) -> None:
+    """A missing or forbidden table stops the start; an unreachable endpoint does not (the worker fails closed
+    until it is back). One GetItem: the task role may read items, not describe tables."""
+    from worker.idempotency import KEY_ATTRIBUTE
+
+    try:
+        await client.get_item(TableName=table, Key={KEY_ATTRIBUTE: {"S": "sqs-worker:startup-check"}})
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+            raise ConfigError(
+                f"idempotency table {table!r} does not exist: "
+                "run `sqs-worker bootstrap` or fix WORKER_IDEMPOTENCY_TABLE"
+            ) from exc
+        if not is_transient(exc):
+            raise ConfigError(f"idempotency table {table!r}: {exc}") from exc
+    except (BotoCoreError, OSError, TimeoutError):
+        return
+
+
 @contextlib.asynccontextmanager
 async def open_worker(
     settings: WorkerSettings,
@@ -91,6 +111,12 @@ async def open_worker(
     """A Worker wired to the configured queue, DLQ and (when configured) idempotency table."""
     if len(registry) == 0:
         raise ConfigError("no job handlers registered: set WORKER_HANDLERS to the modules that define @job handlers")
+    guarded = [spec.name for spec in registry.specs() if spec.uses_ledger]
+    if guarded and not settings.idempotency_table:
+        raise ConfigError(
+            f"job(s) {', '.join(guarded)} are idempotent but WORKER_IDEMPOTENCY_TABLE is not set: "
+            "they would run unguarded"
+        )
     session = get_session()
     region = aws_region()
     config = client_config(settings)
@@ -106,6 +132,7 @@ async def open_worker(
             dynamodb = await stack.enter_async_context(
                 session.create_client("dynamodb", region_name=region, config=config)
             )
+            await check_table(dynamodb, settings.idempotency_table)
             ledger = Ledger(dynamodb, settings.idempotency_table, owner=worker_id())
             stack.push_async_callback(ledger.aclose)
         yield Worker(

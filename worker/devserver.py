@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -71,9 +72,10 @@ sqs-worker dev: local AWS at {endpoint_url}
   queue {created.queue_url}
   DLQ   {created.dlq_url}
   {schedules_note}
-Enqueue from another shell:
-  AWS_ENDPOINT_URL={endpoint_url} AWS_REGION={region} AWS_ACCESS_KEY_ID=dev AWS_SECRET_ACCESS_KEY=dev \\
-    WORKER_QUEUE={settings.queue} sqs-worker enqueue send_email --payload '{{"to": "you@example.com", "subject": "Hi"}}'
+Enqueue from another shell (plain boto3 works with the same variables):
+  export AWS_ENDPOINT_URL={endpoint_url} AWS_REGION={region} AWS_DEFAULT_REGION={region} \\
+    AWS_ACCESS_KEY_ID=dev AWS_SECRET_ACCESS_KEY=dev WORKER_QUEUE={settings.queue}
+  {cli_path()} enqueue send_email --payload '{{"to": "you@example.com", "subject": "Hi"}}'
 Stop with Ctrl-C.
 """,
         file=sys.stderr,
@@ -84,6 +86,12 @@ Stop with Ctrl-C.
         await asyncio.to_thread(enqueue_many, client, created.queue_url, jobs)
     await serve(settings, default_registry, companions=companions)
     return 0
+
+
+def cli_path() -> str:
+    """The ``sqs-worker`` command as another shell can run it: the venv's script is not always on PATH."""
+    script = Path(sys.executable).with_name("sqs-worker")
+    return str(script) if script.is_file() else "sqs-worker"
 
 
 def _scheduler(path: str, queue_url: str) -> Companion:
@@ -102,6 +110,7 @@ def _scheduler(path: str, queue_url: str) -> Companion:
                 kwargs: dict[str, str] = {}
                 if queue_url.endswith(".fifo"):
                     kwargs["MessageGroupId"] = schedule.name
+                    kwargs["MessageDeduplicationId"] = hashlib.sha256(body.encode()).hexdigest()
                 await client.send_message(QueueUrl=queue_url, MessageBody=body, **kwargs)  # type: ignore[arg-type]
 
             await run_local_scheduler(schedules, send_body, stop)

@@ -53,7 +53,8 @@ class Heartbeat:
     async def run(self) -> None:
         """Tick about once a second until cancelled: report gauges, extend claims that are due."""
         while True:
-            self.observers.gauge(in_flight=len(self.held), free_slots=self.slots.free)
+            # Free for jobs: slots a receive loop reserved for its long poll count as free, not busy.
+            self.observers.gauge(in_flight=len(self.held), free_slots=self.slots.total - len(self.held))
             now = time.monotonic()
             threshold = self.visibility_timeout_s * EXTEND_BELOW_SHARE
             for held in list(self.held.values()):

@@ -73,6 +73,14 @@ class LocalAws:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> LocalAws:
+        # The server's own start waits without a bound for a server that failed to bind: check the port first.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((self.host, self.port))
+            except OSError as exc:
+                from worker.errors import ConfigError
+
+                raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from exc
         self._server.start()
         return self
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import ValidationError
 
-from worker.envelope import dump_envelope
+from worker.envelope import describe_errors, dump_envelope
 from worker.errors import ConfigError, QueueUnavailable
 
 if TYPE_CHECKING:
@@ -33,7 +34,11 @@ class Job:
 def _entry(job: Job, *, fifo: bool) -> dict[str, Any]:
     if not 0 <= job.delay_s <= MAX_DELAY_S:
         raise ConfigError(f"delay_s must be between 0 and {MAX_DELAY_S} (SQS limit)")
-    entry: dict[str, Any] = {"MessageBody": dump_envelope(job.type, job.payload, job.idempotency_key)}
+    try:
+        body = dump_envelope(job.type, job.payload, job.idempotency_key)
+    except ValidationError as exc:
+        raise ConfigError("job " + describe_errors(exc)) from None
+    entry: dict[str, Any] = {"MessageBody": body}
     if fifo:
         if job.delay_s:
             raise ConfigError("FIFO queues take no per-message delay")

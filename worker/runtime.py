@@ -96,6 +96,7 @@ class Worker:
             ledger=ledger,
         )
         self.fatal: BaseException | None = None
+        self._warned_unguarded = False
 
     # ----------------------------------------------------------------------------------------------- running
 
@@ -227,6 +228,9 @@ class Worker:
             await self._finish(held, self.outcomes.dead_letter(held, exc.category, str(exc)))
             return False
         held.job_type = job.spec.name
+        if self.ledger is None and job.envelope.idempotency_key is not None and not self._warned_unguarded:
+            self._warned_unguarded = True
+            log.warning("messages carry idempotency keys but WORKER_IDEMPOTENCY_TABLE is not set: they run unguarded")
         if self.ledger is not None:
             verdict = await self._claim(held, job)
             if verdict is not None:
@@ -346,7 +350,10 @@ class Worker:
             backoff_max_s=spec.backoff_max_s,
             rng=self._rng,
         )
-        text = describe_error(error)
+        if isinstance(error, TimeoutError) and not str(error):
+            text = f"TimeoutError: the handler ran longer than timeout_s={spec.timeout_s:g}"
+        else:
+            text = describe_error(error)
         if decision.action is Action.RETRY:
             assert decision.delay_s is not None
             await self._ledger_settle(held, text, final=False)

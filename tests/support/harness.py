@@ -35,6 +35,7 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[Event] = []
         self.connectivity_changes: list[tuple[str, bool]] = []
+        self.gauges: list[tuple[int, int]] = []
         self._changed = asyncio.Event()
 
     def emit(self, event: Event) -> None:
@@ -42,7 +43,8 @@ class Recorder:
         self._changed.set()
 
     def gauge(self, *, in_flight: int, free_slots: int) -> None:
-        return None
+        self.gauges.append((in_flight, free_slots))
+        self._changed.set()
 
     def connectivity(self, *, service: str, reachable: bool) -> None:
         self.connectivity_changes.append((service, reachable))

@@ -27,7 +27,7 @@ def add_parser(subparsers: Any) -> None:
     )
     bootstrap.add_argument(
         "--max-receive-count",
-        type=int,
+        type=receive_count,
         default=None,
         help="redrive maxReceiveCount (default: WORKER_MAX_RECEIVE_COUNT, else the handlers' max_attempts + 2)",
     )
@@ -78,13 +78,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     from worker.bootstrap import ensure_queues
-    from worker.jobs import import_handlers
+    from worker.jobs import default_registry, import_handlers
     from worker.settings import aws_region, load_settings
 
     settings = load_settings()
     region = aws_region()
     import_handlers(settings.handlers)
     max_receive_count = args.max_receive_count or settings.max_receive_count or default_max_receive_count()
+    largest = max((spec.max_attempts for spec in default_registry.specs()), default=0)
+    if max_receive_count <= largest:
+        print(
+            f"warning: maxReceiveCount {max_receive_count} is not above the largest max_attempts ({largest}): SQS "
+            "would move retried messages to the DLQ before the worker dead-letters them (without their reason)",
+            file=sys.stderr,
+        )
     created = ensure_queues(
         sqs_client(region),
         settings.queue,
@@ -98,6 +105,17 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         created_table = asyncio.run(ensure_table(region, settings.idempotency_table))
         print(f"idempotency table: {settings.idempotency_table} ({'created' if created_table else 'exists'})")
     return 0
+
+
+def receive_count(text: str) -> int:
+    """argparse type of --max-receive-count: SQS accepts 1 to 1000."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError("must be between 1 and 1000")
+    return value
 
 
 def default_max_receive_count() -> int:

@@ -105,7 +105,14 @@ def _scheduled_time(schedule: Schedule, at: str | None) -> datetime:
         raise ConfigError(f"--at {at!r} is not an ISO 8601 time such as 2026-11-30T09:00:00Z") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=schedule.zone)  # a wall time in the schedule's zone
-    return moment.astimezone(UTC).replace(microsecond=0)
+    moment = moment.astimezone(UTC).replace(microsecond=0)
+    if schedule.latest_fire_time(moment) != moment:
+        from worker.schedules import format_scheduled_time
+
+        upcoming = schedule.next_fire_times(moment, 1)
+        hint = f"; the next one is {format_scheduled_time(upcoming[0])}" if upcoming else ""
+        raise ConfigError(f"--at {at!r} is not a fire time of schedule {schedule.name!r} ({schedule.expression}){hint}")
+    return moment
 
 
 def send_scheduled(client: SQSClient, queue: str, schedule: Schedule, scheduled: datetime) -> str:
