@@ -1,11 +1,21 @@
 from __future__ import annotations
 
+import io
+import logging
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+import pytest_asyncio
 
 from tests.support.backends import Backend, start_localstack, start_moto
+from tests.support.idempotency import dynamodb_client
+from worker.logs import configure_logging
+from worker.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from types_aiobotocore_dynamodb.client import DynamoDBClient
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
@@ -38,3 +48,25 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     """Each backend the integration suite runs against, started once per session."""
     started: Backend = request.getfixturevalue(f"{request.param}_backend")
     return started
+
+
+@pytest.fixture
+def log_stream() -> Iterator[io.StringIO]:
+    """Route all logging through configure_logging into a buffer; restore the root logger afterwards."""
+    root = logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
+    stream = io.StringIO()
+    configure_logging(WorkerSettings(queue="q", log_level="DEBUG"), stream=stream)
+    yield stream
+    for handler in list(root.handlers):
+        if handler not in saved_handlers:
+            root.removeHandler(handler)
+    root.setLevel(saved_level)
+    logging.getLogger("worker").setLevel(logging.NOTSET)
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def dynamodb(backend: Backend) -> AsyncIterator[DynamoDBClient]:
+    """An aiobotocore DynamoDB client on the backend under test."""
+    async with dynamodb_client(backend.endpoint_url) as client:
+        yield client

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 from uuid import uuid4
 
@@ -36,12 +35,6 @@ if TYPE_CHECKING:
 HASH = payload_hash("charge", {"order": 1})
 OTHER_HASH = payload_hash("charge", {"order": 2})
 LEASE_S = 30.0
-
-
-@pytest_asyncio.fixture(loop_scope="function")
-async def dynamodb(backend: Backend) -> AsyncIterator[DynamoDBClient]:
-    async with dynamodb_client(backend.endpoint_url) as client:
-        yield client
 
 
 @pytest_asyncio.fixture(loop_scope="function")

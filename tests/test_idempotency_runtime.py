@@ -7,14 +7,13 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import pytest_asyncio
 
 from tests.support.backends import Backend
 from tests.support.harness import drain, make_queues, running_worker, send
-from tests.support.idempotency import WriteCounter, dynamodb_client
+from tests.support.idempotency import WriteCounter
 from worker import JobContext, PermanentError, RetryableError
 from worker.events import Kind
 from worker.idempotency import CONFLICT_REASON, Ledger, Status, create_table, payload_hash
@@ -22,12 +21,6 @@ from worker.jobs import Registry
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.client import DynamoDBClient
-
-
-@pytest_asyncio.fixture(loop_scope="function")
-async def dynamodb(backend: Backend) -> AsyncIterator[DynamoDBClient]:
-    async with dynamodb_client(backend.endpoint_url) as client:
-        yield client
 
 
 @pytest_asyncio.fixture(loop_scope="function")

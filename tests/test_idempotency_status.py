@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 from uuid import uuid4
 
@@ -14,18 +13,11 @@ import pytest
 import pytest_asyncio
 
 from tests.support.backends import Backend
-from tests.support.idempotency import dynamodb_client
 from worker.cli import main
 from worker.idempotency import Ledger, create_table, payload_hash
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.client import DynamoDBClient
-
-
-@pytest_asyncio.fixture(loop_scope="function")
-async def dynamodb(backend: Backend) -> AsyncIterator[DynamoDBClient]:
-    async with dynamodb_client(backend.endpoint_url) as client:
-        yield client
 
 
 @pytest_asyncio.fixture(loop_scope="function")

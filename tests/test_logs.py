@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,21 +14,6 @@ from worker.logs import REDACTED, LogObserver, Redactor, configure_logging, even
 from worker.settings import WorkerSettings
 
 SECRET = "hunter2-very-secret"
-
-
-@pytest.fixture
-def log_stream() -> Iterator[io.StringIO]:
-    """Route all logging through configure_logging into a buffer; restore the root logger afterwards."""
-    root = logging.getLogger()
-    saved_handlers, saved_level = list(root.handlers), root.level
-    stream = io.StringIO()
-    configure_logging(WorkerSettings(queue="q", log_level="DEBUG"), stream=stream)
-    yield stream
-    for handler in list(root.handlers):
-        if handler not in saved_handlers:
-            root.removeHandler(handler)
-    root.setLevel(saved_level)
-    logging.getLogger("worker").setLevel(logging.NOTSET)
 
 
 def lines(stream: io.StringIO) -> list[dict[str, Any]]:

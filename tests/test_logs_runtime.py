@@ -4,34 +4,15 @@ from __future__ import annotations
 
 import io
 import json
-import logging
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from tests.support.backends import Backend
 from tests.support.harness import drain, make_queues, running_worker, send
 from worker.events import Kind
 from worker.jobs import Registry
-from worker.logs import LogObserver, configure_logging
-from worker.settings import WorkerSettings
+from worker.logs import LogObserver
 
 SECRET = "s3cr3t-Value-7781"
-
-
-@pytest.fixture
-def log_stream() -> Iterator[io.StringIO]:
-    root = logging.getLogger()
-    saved_handlers, saved_level = list(root.handlers), root.level
-    stream = io.StringIO()
-    configure_logging(WorkerSettings(queue="q", log_level="DEBUG"), stream=stream)
-    yield stream
-    for handler in list(root.handlers):
-        if handler not in saved_handlers:
-            root.removeHandler(handler)
-    root.setLevel(saved_level)
-    logging.getLogger("worker").setLevel(logging.NOTSET)
 
 
 def leaky_registry() -> Registry:
