@@ -15,18 +15,10 @@ from tests.support.backends import Backend
 from tests.support.harness import drain, make_queues, sqs_client
 from worker.bootstrap import Created
 from worker.cli import main
-from worker.dlq import (
-    DeadLetter,
-    DeadLetterQueue,
-    RateLimiter,
-    format_groups,
-    group_dead_letters,
-    redrive_attributes,
-    redrive_by_receiving,
-    render_progress,
-    requeue_attributes,
-)
+from worker.dlq import DeadLetterQueue, redrive_by_receiving
+from worker.dlq_records import DeadLetter, format_groups, group_dead_letters, redrive_attributes, requeue_attributes
 from worker.errors import WorkerError
+from worker.progress import RateLimiter, render_progress
 
 # ------------------------------------------------------------------------------------------------ pure
 

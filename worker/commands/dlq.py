@@ -18,10 +18,6 @@ from worker.dlq import (
     MOVE_TASK_MAX_RATE,
     DeadLetterQueue,
     MoveResult,
-    Progress,
-    RateLimiter,
-    format_groups,
-    group_dead_letters,
     now_utc,
     queue_arn,
     redrive_by_receiving,
@@ -32,8 +28,10 @@ from worker.dlq import (
     start_move_task,
     wait_move_task,
 )
+from worker.dlq_records import format_groups, group_dead_letters
 from worker.logs import configure_logging
 from worker.names import queue_name_of
+from worker.progress import Progress, RateLimiter
 from worker.settings import load_settings
 
 DEFAULT_READ_LIMIT = 1000

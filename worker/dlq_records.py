@@ -1,0 +1,205 @@
+"""Dead-letter records as the dlq commands read them (pure): the record, grouping by category and error,
+the listing's text, and the attribute rules of redrive (strip ours) and requeue (add an audit trail)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from worker.deadletter import OUR_ATTRIBUTES
+from worker.errors import WorkerError
+
+if TYPE_CHECKING:
+    from mypy_boto3_sqs.type_defs import MessageTypeDef
+
+#: The attributes the worker adds to a dead-lettered message (the public dead-letter record contract).
+DEAD_LETTER_ATTRIBUTES = OUR_ATTRIBUTES
+#: The audit trail a requeued message carries.
+AUDIT_ATTRIBUTES = ("requeued_by", "requeued_at", "requeue_reason", "requeued_from")
+MAX_MESSAGE_ATTRIBUTES = 10
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One message read from the DLQ."""
+
+    message_id: str
+    receipt_handle: str
+    body: str
+    attributes: dict[str, Any]  # message attributes as SQS returns them (DataType, StringValue, BinaryValue)
+    system: dict[str, str]  # SentTimestamp, ApproximateReceiveCount, MessageGroupId, ...
+
+    @classmethod
+    def from_message(cls, message: MessageTypeDef | dict[str, Any]) -> DeadLetter:
+        return cls(
+            message_id=message["MessageId"],
+            receipt_handle=message["ReceiptHandle"],
+            body=message.get("Body", ""),
+            attributes=dict(message.get("MessageAttributes", {})),
+            system={str(k): str(v) for k, v in message.get("Attributes", {}).items()},
+        )
+
+    def attribute(self, name: str) -> str | None:
+        value = self.attributes.get(name)
+        if not isinstance(value, dict):
+            return None
+        text = value.get("StringValue")
+        return text if isinstance(text, str) else None
+
+    @property
+    def category(self) -> str:
+        return self.attribute("error_category") or "(none)"
+
+    @property
+    def error_message(self) -> str:
+        return self.attribute("error_message") or "(none)"
+
+    @property
+    def original_message_id(self) -> str | None:
+        return self.attribute("original_message_id")
+
+    @property
+    def failed_at(self) -> str | None:
+        return self.attribute("failed_at")
+
+    @property
+    def job_type(self) -> str | None:
+        """The envelope's ``type``, when the body is an envelope (only the type: payloads are not shown)."""
+        try:
+            data = json.loads(self.body)
+        except ValueError:
+            return None
+        kind = data.get("type") if isinstance(data, dict) else None
+        return kind if isinstance(kind, str) else None
+
+    def matches(self, ident: str) -> bool:
+        return ident in (self.message_id, self.original_message_id)
+
+    def describe(self) -> dict[str, Any]:
+        """Everything about the message, for ``dlq show``."""
+        return {
+            "dlq_message_id": self.message_id,
+            "original_message_id": self.original_message_id,
+            "category": self.attribute("error_category"),
+            "error_message": self.attribute("error_message"),
+            "attempts": self.attribute("attempts"),
+            "failed_at": self.failed_at,
+            "source_queue": self.attribute("source_queue"),
+            "job_type": self.job_type,
+            "message_attributes": {
+                name: value.get("StringValue", "<binary>") if isinstance(value, dict) else value
+                for name, value in sorted(self.attributes.items())
+            },
+            "system_attributes": dict(sorted(self.system.items())),
+            "body": self.body,
+        }
+
+
+@dataclass
+class Group:
+    """Dead letters with the same category and error message."""
+
+    category: str
+    error_message: str
+    count: int = 0
+    job_types: Counter[str] = field(default_factory=Counter)
+    first_failed_at: str | None = None
+    last_failed_at: str | None = None
+    message_ids: list[str] = field(default_factory=list)  # a few, to show or requeue
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "category": self.category,
+            "error_message": self.error_message,
+            "count": self.count,
+            "job_types": dict(self.job_types.most_common()),
+            "first_failed_at": self.first_failed_at,
+            "last_failed_at": self.last_failed_at,
+            "sample_message_ids": self.message_ids,
+        }
+
+
+SAMPLE_IDS_PER_GROUP = 3
+
+
+def group_dead_letters(letters: Iterable[DeadLetter]) -> list[Group]:
+    """Group by (category, error message); biggest group first, then by category and message."""
+    groups: dict[tuple[str, str], Group] = {}
+    for letter in letters:
+        key = (letter.category, letter.error_message)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = Group(category=key[0], error_message=key[1])
+        group.count += 1
+        group.job_types[letter.job_type or "(not an envelope)"] += 1
+        failed_at = letter.failed_at
+        if failed_at is not None:
+            if group.first_failed_at is None or failed_at < group.first_failed_at:
+                group.first_failed_at = failed_at
+            if group.last_failed_at is None or failed_at > group.last_failed_at:
+                group.last_failed_at = failed_at
+        if len(group.message_ids) < SAMPLE_IDS_PER_GROUP:
+            group.message_ids.append(letter.original_message_id or letter.message_id)
+    return sorted(groups.values(), key=lambda g: (-g.count, g.category, g.error_message))
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def format_groups(groups: Sequence[Group], *, read: int, approximate_total: int | None) -> str:
+    """A table of the groups for a terminal (pure)."""
+    total = "unknown" if approximate_total is None else str(approximate_total)
+    lines = [f"dead letters read: {read} (queue holds about {total})"]
+    if not groups:
+        return "\n".join([*lines, "the dead-letter queue is empty"])
+    lines.append(f"{'COUNT':>6}  {'CATEGORY':<16}  {'JOB TYPES':<24}  {'LAST FAILED':<24}  ERROR")
+    for group in groups:
+        types = ",".join(name for name, _ in group.job_types.most_common(3))
+        lines.append(
+            f"{group.count:>6}  {_clip(group.category, 16):<16}  {_clip(types, 24):<24}  "
+            f"{group.last_failed_at or '-':<24}  {_clip(group.error_message, 100)}"
+        )
+    if approximate_total is not None and read < approximate_total:
+        lines.append(f"(read {read} of about {approximate_total}; raise --limit to read more)")
+    return "\n".join(lines)
+
+
+def _copy_attribute(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in value.items() if k in ("DataType", "StringValue", "BinaryValue")}
+
+
+def redrive_attributes(letter: DeadLetter) -> dict[str, Any]:
+    """The attributes a redriven message carries: the original ones, without the dead-letter record."""
+    return {
+        name: _copy_attribute(value)
+        for name, value in letter.attributes.items()
+        if name not in DEAD_LETTER_ATTRIBUTES and isinstance(value, dict)
+    }
+
+
+def requeue_attributes(letter: DeadLetter, *, by: str, at: datetime, reason: str) -> dict[str, Any]:
+    """A requeued message's attributes: the original ones plus the audit (who, when, why, from which message).
+
+    Raises WorkerError when the audit does not fit beside the original attributes (SQS allows 10).
+    """
+    attributes = {name: value for name, value in redrive_attributes(letter).items() if name not in AUDIT_ATTRIBUTES}
+    audit = {
+        "requeued_by": by,
+        "requeued_at": at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "requeue_reason": reason,
+        "requeued_from": letter.original_message_id or letter.message_id,
+    }
+    if len(attributes) + len(audit) > MAX_MESSAGE_ATTRIBUTES:
+        raise WorkerError(
+            f"message {letter.message_id} has {len(attributes)} attributes of its own: "
+            f"the {len(audit)} audit attributes do not fit (SQS allows {MAX_MESSAGE_ATTRIBUTES})"
+        )
+    for name, text in audit.items():
+        attributes[name] = {"DataType": "String", "StringValue": text}
+    return attributes
