@@ -141,9 +141,16 @@ class Worker:
                 self.fatal = exc
                 stop.set()
                 return
-            except BaseException:
+            except asyncio.CancelledError:
                 self._slots.release(reserved)
                 raise
+            except Exception as exc:  # a receive loop must never die silently
+                self._slots.release(reserved)
+                log.exception("unexpected error while receiving; backing off")
+                self._sqs.down(exc)
+                await _wait_for(stop, backoff_s)
+                backoff_s = min(backoff_s * 2, RECEIVE_BACKOFF_MAX_S)
+                continue
             backoff_s = 0.5
             self._sqs.up()
             self._slots.release(reserved - len(messages))

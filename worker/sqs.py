@@ -33,6 +33,16 @@ TRANSIENT_CODES = frozenset(
     }
 )
 MISSING_QUEUE_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
+ACCESS_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AccessDeniedException",
+        "InvalidClientTokenId",
+        "UnrecognizedClientException",
+        "SignatureDoesNotMatch",
+        "InvalidSecurity",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -68,14 +78,17 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def translate(exc: Exception, action: str) -> Exception:
-    """The exception to raise for a botocore failure of ``action``."""
+    """The exception to raise for a botocore failure of ``action``: ConfigError for what no retry can fix (a
+    missing queue, refused credentials or permissions), QueueUnavailable for everything else."""
     if is_transient(exc):
         return QueueUnavailable(f"{action} failed: {exc}")
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code", "")
         if code in MISSING_QUEUE_CODES:
             return ConfigError(f"{action}: the queue does not exist ({code}); run `sqs-worker bootstrap` first")
-    return exc
+        if code in ACCESS_CODES:
+            return ConfigError(f"{action}: {code}: check the credentials and the IAM permissions of the worker")
+    return QueueUnavailable(f"{action} failed: {exc}")
 
 
 class Queue:
