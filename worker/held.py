@@ -24,7 +24,6 @@ class Held:
     message: Message
     received_at: float
     visible_until: float
-    started: bool = False
     finishing: bool = False
     lost: bool = False
     claim: Claim | None = None

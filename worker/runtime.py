@@ -227,7 +227,6 @@ class Worker:
 
     async def _process(self, held: Held) -> bool:
         """Run one message to its outcome. True when the job succeeded (or was a completed duplicate)."""
-        held.started = True
         message = held.message
         try:
             job = prepare(message.body, self.registry)
