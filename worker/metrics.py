@@ -233,7 +233,18 @@ class _Clock(Protocol):
 class _BufferedObserver(ABC):
     """Shared plumbing: a locked buffer, flushed by time or size."""
 
-    def __init__(self, *, flush_interval_s: float, monotonic: _Clock = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        queue: str,
+        flush_interval_s: float,
+        monotonic: _Clock = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.namespace = namespace
+        self.queue = queue
+        self._wall_clock = wall_clock
         self.flush_interval_s = flush_interval_s
         self._monotonic = monotonic
         self._lock = threading.Lock()
@@ -292,11 +303,14 @@ class EmfObserver(_BufferedObserver):
         monotonic: _Clock = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(flush_interval_s=flush_interval_s, monotonic=monotonic)
-        self.namespace = namespace
-        self.queue = queue
+        super().__init__(
+            namespace=namespace,
+            queue=queue,
+            flush_interval_s=flush_interval_s,
+            monotonic=monotonic,
+            wall_clock=wall_clock,
+        )
         self.stream = stream
-        self._wall_clock = wall_clock
 
     def flush(self) -> None:
         snapshot = self._take()
@@ -375,11 +389,14 @@ class CloudWatchObserver(_BufferedObserver):
         monotonic: _Clock = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(flush_interval_s=flush_interval_s, monotonic=monotonic)
-        self.namespace = namespace
-        self.queue = queue
+        super().__init__(
+            namespace=namespace,
+            queue=queue,
+            flush_interval_s=flush_interval_s,
+            monotonic=monotonic,
+            wall_clock=wall_clock,
+        )
         self.client = client
-        self._wall_clock = wall_clock
         self._flush_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
