@@ -66,19 +66,9 @@ locals {
 resource "aws_iam_role" "scheduler" {
   count = local.has_schedules ? 1 : 0
 
-  name = "${var.name}-scheduler"
-  tags = var.tags
-  assume_role_policy = jsonencode({
-    Version = "2012-10-17"
-    Statement = [{
-      Effect    = "Allow"
-      Principal = { Service = "scheduler.amazonaws.com" }
-      Action    = "sts:AssumeRole"
-      Condition = {
-        StringEquals = { "aws:SourceAccount" = data.aws_caller_identity.current.account_id }
-      }
-    }]
-  })
+  name               = "${var.name}-scheduler"
+  tags               = var.tags
+  assume_role_policy = local.assume_role_policy["scheduler"]
 }
 
 resource "aws_iam_role_policy" "scheduler" {
@@ -91,24 +81,31 @@ resource "aws_iam_role_policy" "scheduler" {
 
 data "aws_caller_identity" "current" {}
 
+# Who may assume each role: one AWS service, from this account only (confused-deputy guard).
+locals {
+  assume_role_policy = {
+    for service in ["scheduler", "ecs-tasks"] : service => jsonencode({
+      Version = "2012-10-17"
+      Statement = [{
+        Effect    = "Allow"
+        Principal = { Service = "${service}.amazonaws.com" }
+        Action    = "sts:AssumeRole"
+        Condition = {
+          StringEquals = { "aws:SourceAccount" = data.aws_caller_identity.current.account_id }
+        }
+      }]
+    })
+  }
+}
+
 # --- The task role (what the worker itself may do) ---------------------------------------------------------
 
 resource "aws_iam_role" "task" {
   count = var.enable_ecs ? 1 : 0
 
-  name = "${var.name}-task"
-  tags = var.tags
-  assume_role_policy = jsonencode({
-    Version = "2012-10-17"
-    Statement = [{
-      Effect    = "Allow"
-      Principal = { Service = "ecs-tasks.amazonaws.com" }
-      Action    = "sts:AssumeRole"
-      Condition = {
-        StringEquals = { "aws:SourceAccount" = data.aws_caller_identity.current.account_id }
-      }
-    }]
-  })
+  name               = "${var.name}-task"
+  tags               = var.tags
+  assume_role_policy = local.assume_role_policy["ecs-tasks"]
 }
 
 resource "aws_iam_role_policy" "task" {
