@@ -5,10 +5,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import importlib.machinery
 import inspect
+import logging
+import sys
+import traceback
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -26,6 +31,8 @@ DEFAULT_BUG_ERRORS: tuple[type[BaseException], ...] = (
     NotImplementedError,
     AssertionError,
 )
+
+log = logging.getLogger("worker")
 
 Handler = Callable[..., Any]
 KeyFunction = Callable[[Any], str]
@@ -174,9 +181,63 @@ job = default_registry.job
 
 
 def import_handlers(modules: Iterable[str]) -> None:
-    """Import each handler module so its ``@job`` decorators run; a ConfigError names one that fails."""
-    for module in modules:
+    """Import each handler module so its ``@job`` decorators run.
+
+    The current folder is put first on ``sys.path`` (as ``python -m``, uvicorn and celery do), so
+    ``WORKER_HANDLERS=app.jobs`` finds ``./app/jobs.py`` without PYTHONPATH, whether the worker was started by its
+    console script or with ``python -m``. A ConfigError (one line) names a ``worker`` module there that would shadow
+    this package, and a handler module that is missing or raises on import (its traceback is logged at DEBUG).
+    """
+    names = list(modules)
+    if not names:
+        return
+    folder = Path.cwd()
+    if not any(_same_folder(entry, folder) for entry in sys.path):
+        sys.path.insert(0, str(folder))
+    _refuse_shadowing(folder)
+    for module in names:
         try:
             importlib.import_module(module)
-        except Exception as exc:
-            raise ConfigError(f"cannot import handler module {module!r}: {type(exc).__name__}: {exc}") from exc
+        except (Exception, SystemExit) as exc:
+            log.debug("importing handler module %r failed", module, exc_info=exc)
+            raise ConfigError(describe_import_error(module, exc, folder)) from exc
+
+
+def _same_folder(entry: str, folder: Path) -> bool:
+    try:
+        return Path(entry or ".").resolve() == folder.resolve()
+    except OSError:
+        return False
+
+
+def _refuse_shadowing(folder: Path) -> None:
+    """A ``worker.py`` or ``worker/`` package in ``folder`` would be imported instead of sqs-worker's ``worker``
+    (under ``python -m``, and by any code that runs before it): refuse it with one line."""
+    spec = importlib.machinery.PathFinder.find_spec("worker", [str(folder)])
+    if spec is None or spec.origin is None:  # nothing there, or a folder without __init__.py (never shadows)
+        return
+    theirs = Path(spec.origin).resolve()
+    ours = Path(__file__).resolve().with_name("__init__.py")
+    if theirs == ours or (theirs.name == "__init__.py" and theirs.read_bytes() == ours.read_bytes()):
+        return  # this package itself, or a copy of its source (a checkout of sqs-worker)
+    shown = theirs.parent if theirs.name == "__init__.py" else theirs
+    raise ConfigError(
+        f"{shown} shadows the sqs-worker package 'worker' (handlers import it: from worker import job): "
+        "rename your module"
+    )
+
+
+def describe_import_error(module: str, exc: BaseException, folder: Path) -> str:
+    """One line: the module and what went wrong, and where when it raised inside the module."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name and (module == exc.name or module.startswith(exc.name + ".")):
+        return (
+            f"WORKER_HANDLERS: no module {module!r} (looked in {folder} and the installed packages; "
+            "run the worker from the folder that holds it, or install it)"
+        )
+    where = ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [frame for frame in frames if "importlib" not in frame.filename]
+    if own and not isinstance(exc, SyntaxError):
+        where = f" ({own[-1].filename}, line {own[-1].lineno})"
+    text = " ".join(str(exc).split())
+    return f"WORKER_HANDLERS: importing {module!r} failed: {type(exc).__name__}: {text}{where}"
