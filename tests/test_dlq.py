@@ -119,6 +119,7 @@ def queues(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> Created:
     monkeypatch.setenv("AWS_ENDPOINT_URL", backend.endpoint_url)
     monkeypatch.setenv("WORKER_QUEUE", created.queue_url.rsplit("/", 1)[-1])
     monkeypatch.delenv("WORKER_DEAD_LETTER_QUEUE", raising=False)
+    monkeypatch.setenv("LOGNAME", "pytest-operator")  # getpass.getuser() reads LOGNAME first, then USER
     monkeypatch.setenv("USER", "pytest-operator")
     return created
 

@@ -19,7 +19,7 @@ from worker.events import Observers
 from worker.jobs import Registry
 from worker.names import default_dlq_name, queue_name_of
 from worker.runtime import RuntimeOptions, Worker
-from worker.settings import WorkerSettings, aws_region
+from worker.settings import WorkerSettings
 from worker.sqs import Queue, is_transient, redrive_target_url, resolve_queue_url
 
 if TYPE_CHECKING:
@@ -118,20 +118,16 @@ async def open_worker(
             "they would run unguarded"
         )
     session = get_session()
-    region = aws_region()
+    connection = settings.aws().client_kwargs()
     config = client_config(settings)
     async with contextlib.AsyncExitStack() as stack:
-        sqs: SQSClient = await stack.enter_async_context(
-            session.create_client("sqs", region_name=region, config=config)
-        )
+        sqs: SQSClient = await stack.enter_async_context(session.create_client("sqs", config=config, **connection))
         queue_url, dlq_url = await wait_for_endpoint(sqs, settings, stop)
         ledger: Any = None
         if settings.idempotency_table:
             from worker.idempotency import Ledger
 
-            dynamodb = await stack.enter_async_context(
-                session.create_client("dynamodb", region_name=region, config=config)
-            )
+            dynamodb = await stack.enter_async_context(session.create_client("dynamodb", config=config, **connection))
             await check_table(dynamodb, settings.idempotency_table)
             ledger = Ledger(dynamodb, settings.idempotency_table, owner=worker_id())
             stack.push_async_callback(ledger.aclose)

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
+import shlex
+import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
 
 from worker.localaws import LocalAws
+from worker.settings import AwsConnection, WorkerSettings
 
 if TYPE_CHECKING:
     from worker.service import Companion
 
 DEV_QUEUE = "sqs-worker-dev"
 DEV_TABLE = "sqs-worker-dev-idempotency"
+DEV_REGION = "us-east-1"
+DEV_KEY = "dev"  # the access key id and secret of the embedded server (it accepts any)
 DEMO_JOBS: list[tuple[str, dict[str, object], str | None]] = [
     ("send_email", {"to": "ada@example.com", "subject": "Welcome", "body": "Hello!"}, None),
     ("flaky_webhook", {"url": "https://example.com/hook", "succeed_on_attempt": 2}, None),
@@ -26,56 +32,63 @@ DEMO_JOBS: list[tuple[str, dict[str, object], str | None]] = [
 ]
 
 
-def run_dev(*, port: int = 0, demo: bool = True) -> int:
-    for name, value in (("AWS_ACCESS_KEY_ID", "dev"), ("AWS_SECRET_ACCESS_KEY", "dev")):
-        os.environ.setdefault(name, value)
-    if not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
-        os.environ["AWS_REGION"] = "us-east-1"
-    os.environ.setdefault("WORKER_QUEUE", DEV_QUEUE)
-    os.environ.setdefault("WORKER_IDEMPOTENCY_TABLE", DEV_TABLE)
-    os.environ.setdefault("WORKER_LOG_FORMAT", "text")
-    os.environ.setdefault("WORKER_METRICS", "off")
-    os.environ.setdefault("WORKER_POLL_WAIT_S", "5")
+class DevSettings(WorkerSettings):
+    """``sqs-worker dev``'s defaults; ``WORKER_*`` variables and ``.env`` still override them."""
+
+    queue: str = DEV_QUEUE
+    idempotency_table: str | None = DEV_TABLE
+    log_format: Literal["json", "text"] = "text"
+    metrics: Literal["emf", "cloudwatch", "off"] = "off"
+    poll_wait_s: int = Field(default=5, ge=0, le=20)
+    schedules_file: str | None = Field(default_factory=lambda: _example_schedules())
+
+
+def _example_schedules() -> str | None:
     example = Path("schedules.example.yaml")
-    if "WORKER_SCHEDULES_FILE" not in os.environ and example.is_file():
-        os.environ["WORKER_SCHEDULES_FILE"] = str(example)
+    return str(example.resolve()) if example.is_file() else None
+
+
+def run_dev(*, port: int = 0, demo: bool = True) -> int:
+    from worker.settings import AwsSettings, load_settings
+
+    settings = load_settings(settings_class=DevSettings)
+    region = AwsSettings().region or DEV_REGION
     with LocalAws(port=port or None) as aws:
-        os.environ["AWS_ENDPOINT_URL"] = aws.endpoint_url
-        return asyncio.run(_dev(aws.endpoint_url, demo=demo))
+        connection = AwsConnection(
+            region=region, endpoint_url=aws.endpoint_url, access_key_id=DEV_KEY, secret_access_key=DEV_KEY
+        )
+        return asyncio.run(_dev(settings.with_aws(connection), demo=demo))
 
 
-async def _dev(endpoint_url: str, *, demo: bool) -> int:
+async def _dev(settings: WorkerSettings, *, demo: bool) -> int:
+    import boto3
+
     from worker.bootstrap import ensure_queues
-    from worker.commands.core import default_max_receive_count, ensure_table, sqs_client
+    from worker.commands.core import default_max_receive_count
     from worker.jobs import default_registry, import_handlers
     from worker.logs import configure_logging
     from worker.producer import Job, enqueue_many
     from worker.service import serve
-    from worker.settings import aws_region, load_settings
 
-    settings = load_settings()
     configure_logging(settings)
     import_handlers(["worker.examples", *settings.handlers])
-    region = aws_region()
-    client = sqs_client(region)
+    connection = settings.aws()
+    client = boto3.client("sqs", **connection.client_kwargs())
     created = ensure_queues(client, settings.queue, max_receive_count=default_max_receive_count())
     if settings.idempotency_table:
-        await ensure_table(region, settings.idempotency_table)
+        await _ensure_table(connection, settings.idempotency_table)
     companions: list[Companion] = []
     schedules_note = "no schedules file (set WORKER_SCHEDULES_FILE)"
     if settings.schedules_file:
-        companions.append(_scheduler(settings.schedules_file, created.queue_url))
+        companions.append(_scheduler(connection, settings.schedules_file, created.queue_url))
         schedules_note = f"firing the schedules of {settings.schedules_file} on time"
     print(
         f"""
-sqs-worker dev: local AWS at {endpoint_url}
+sqs-worker dev: local AWS at {connection.endpoint_url}
   queue {created.queue_url}
   DLQ   {created.dlq_url}
   {schedules_note}
-Enqueue from another shell (plain boto3 works with the same variables):
-  export AWS_ENDPOINT_URL={endpoint_url} AWS_REGION={region} AWS_DEFAULT_REGION={region} \\
-    AWS_ACCESS_KEY_ID=dev AWS_SECRET_ACCESS_KEY=dev WORKER_QUEUE={settings.queue}
-  {cli_path()} enqueue send_email --payload '{{"to": "you@example.com", "subject": "Hi"}}'
+{banner(settings)}
 Stop with Ctrl-C.
 """,
         file=sys.stderr,
@@ -88,13 +101,49 @@ Stop with Ctrl-C.
     return 0
 
 
-def cli_path() -> str:
-    """The ``sqs-worker`` command as another shell can run it: the venv's script is not always on PATH."""
+def exports(settings: WorkerSettings) -> dict[str, str]:
+    """The variables another shell needs to reach this dev server: with them, every command of the README and
+    plain boto3 work there."""
+    connection = settings.aws()
+    variables = {
+        "AWS_ENDPOINT_URL": connection.endpoint_url or "",
+        "AWS_REGION": connection.region,
+        "AWS_DEFAULT_REGION": connection.region,  # boto3 reads this one, not AWS_REGION
+        "AWS_ACCESS_KEY_ID": connection.access_key_id or DEV_KEY,
+        "AWS_SECRET_ACCESS_KEY": connection.secret_access_key or DEV_KEY,
+        "WORKER_QUEUE": settings.queue,
+    }
+    if settings.idempotency_table:
+        variables["WORKER_IDEMPOTENCY_TABLE"] = settings.idempotency_table
+    if settings.schedules_file:
+        variables["WORKER_SCHEDULES_FILE"] = str(Path(settings.schedules_file).resolve())
+    return variables
+
+
+def banner(settings: WorkerSettings) -> str:
+    """How to use this dev server from another shell: the exports, then an enqueue to paste."""
+    lines = ["Use it from another shell (sqs-worker's commands and plain boto3 work with these variables):"]
     script = Path(sys.executable).with_name("sqs-worker")
-    return str(script) if script.is_file() else "sqs-worker"
+    on_path = shutil.which("sqs-worker")
+    if script.is_file() and (on_path is None or Path(on_path).resolve() != script.resolve()):
+        lines.append(f'  export PATH={shlex.quote(str(script.parent))}:"$PATH"')
+    pairs = [f"{name}={shlex.quote(value)}" for name, value in exports(settings).items()]
+    rows = [pairs[index : index + 3] for index in range(0, len(pairs), 3)]
+    lines.append("  export " + " \\\n    ".join(" ".join(row) for row in rows))
+    lines.append("""  sqs-worker enqueue send_email --payload '{"to": "you@example.com", "subject": "Hi"}'""")
+    return "\n".join(lines)
 
 
-def _scheduler(path: str, queue_url: str) -> Companion:
+async def _ensure_table(connection: AwsConnection, name: str) -> None:
+    from aiobotocore.session import get_session
+
+    from worker.idempotency import create_table
+
+    async with get_session().create_client("dynamodb", **connection.client_kwargs()) as client:
+        await create_table(client, name)
+
+
+def _scheduler(connection: AwsConnection, path: str, queue_url: str) -> Companion:
     from worker.schedules import Schedule, load_schedules, run_local_scheduler
 
     schedules = load_schedules(path)
@@ -102,9 +151,7 @@ def _scheduler(path: str, queue_url: str) -> Companion:
     async def companion(stop: asyncio.Event) -> None:
         from aiobotocore.session import get_session
 
-        from worker.settings import aws_region
-
-        async with get_session().create_client("sqs", region_name=aws_region()) as client:
+        async with get_session().create_client("sqs", **connection.client_kwargs()) as client:
 
             async def send_body(body: str, schedule: Schedule) -> None:
                 kwargs: dict[str, str] = {}

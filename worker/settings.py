@@ -1,19 +1,52 @@
 """The worker's configuration: one pydantic-settings class, read from ``WORKER_*`` variables and ``.env``.
 
 Endpoint and credentials come from the standard AWS variables (``AWS_ENDPOINT_URL``,
-``AWS_ACCESS_KEY_ID``, ...), which botocore reads itself; the region from ``AWS_REGION`` or
-``AWS_DEFAULT_REGION``.
+``AWS_ACCESS_KEY_ID``, ...), which botocore reads itself from the process environment (not from ``.env``);
+the region from ``AWS_REGION`` or ``AWS_DEFAULT_REGION`` (AwsSettings, the process environment too, so the
+worker and botocore agree). Only ``sqs-worker dev`` names an endpoint and credentials explicitly
+(``WorkerSettings.with_aws``): nothing in the package reads or writes ``os.environ`` but this module.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Self, TypeVar, overload
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import AliasChoices, Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class AwsConnection:
+    """Where and as whom the AWS clients connect. ``None`` leaves a value to botocore's own lookup
+    (``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_SQS``..., the credentials chain)."""
+
+    region: str
+    endpoint_url: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``boto3.client`` / aiobotocore's ``create_client``."""
+        kwargs: dict[str, Any] = {"region_name": self.region}
+        if self.endpoint_url is not None:
+            kwargs["endpoint_url"] = self.endpoint_url
+        if self.access_key_id is not None:
+            kwargs["aws_access_key_id"] = self.access_key_id
+            kwargs["aws_secret_access_key"] = self.secret_access_key
+        return kwargs
+
+
+class AwsSettings(BaseSettings):
+    """The AWS region, from ``AWS_REGION`` or ``AWS_DEFAULT_REGION`` (in that order) of the process environment.
+    Not from ``.env``: botocore reads the AWS variables from the environment only, and the worker must agree with it.
+    """
+
+    model_config = SettingsConfigDict(extra="ignore", env_ignore_empty=True)
+
+    region: str | None = Field(default=None, validation_alias=AliasChoices("AWS_REGION", "AWS_DEFAULT_REGION"))
 
 
 class WorkerSettings(BaseSettings):
@@ -71,19 +104,41 @@ class WorkerSettings(BaseSettings):
             raise ValueError("must not be empty")
         return value.strip()
 
+    _aws: AwsConnection | None = PrivateAttr(default=None)
+
+    def aws(self) -> AwsConnection:
+        """Where the AWS clients connect: what ``with_aws`` set, else the region of the AWS variables."""
+        return self._aws or AwsConnection(region=aws_region())
+
+    def with_aws(self, connection: AwsConnection) -> Self:
+        """A copy whose clients connect as ``connection`` says (``sqs-worker dev``: its embedded endpoint)."""
+        copy = self.model_copy()
+        copy._aws = connection
+        return copy
+
 
 def aws_region() -> str:
     """The region from ``AWS_REGION`` or ``AWS_DEFAULT_REGION``; a ConfigError when neither is set."""
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    region = AwsSettings().region
     if not region:
         raise ConfigError("no AWS region: set AWS_REGION (or AWS_DEFAULT_REGION), for example AWS_REGION=eu-west-1")
     return region
 
 
-def load_settings(**overrides: object) -> WorkerSettings:
-    """Read the settings, turning validation errors into one ConfigError line."""
+S = TypeVar("S", bound=WorkerSettings)
+
+
+@overload
+def load_settings(settings_class: None = None, **overrides: object) -> WorkerSettings: ...
+@overload
+def load_settings(settings_class: type[S], **overrides: object) -> S: ...
+
+
+def load_settings(settings_class: type[WorkerSettings] | None = None, **overrides: object) -> WorkerSettings:
+    """Read the settings (``WorkerSettings`` or a subclass with other defaults), turning validation errors into
+    one ConfigError line."""
     try:
-        return WorkerSettings(**overrides)  # type: ignore[arg-type]
+        return (settings_class or WorkerSettings)(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc)) from exc
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import os
 import sys
 from typing import Any
 
@@ -184,11 +183,8 @@ def run_redrive(args: argparse.Namespace) -> int:
 def _who(explicit: str | None) -> str:
     if explicit:
         return explicit
-    for name in ("USER", "LOGNAME", "USERNAME"):
-        if os.environ.get(name):
-            return os.environ[name]
     try:
-        return getpass.getuser()
+        return getpass.getuser()  # LOGNAME, USER, LNAME, USERNAME, then the password database
     except (KeyError, OSError):
         return "unknown"
 

@@ -1,0 +1,107 @@
+"""Settings are read only through the settings classes: what comes from where (environment, ``.env``), and no
+module of the package reads or writes ``os.environ`` itself (``sqs-worker dev`` included)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from worker.devserver import DEV_QUEUE, DevSettings, exports
+from worker.errors import ConfigError
+from worker.settings import AwsConnection, aws_region, load_settings
+
+PACKAGE = Path(__file__).resolve().parents[1] / "worker"
+
+
+def environment_uses(path: Path) -> list[str]:
+    """``os.environ``, ``os.getenv``, ``os.putenv``, ``os.unsetenv`` and ``from os import environ`` in a module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in {"environ", "getenv", "putenv", "unsetenv", "environb"}:
+            found.append(f"{path.name}:{node.lineno} .{node.attr}")
+        if isinstance(node, ast.ImportFrom) and node.module == "os":
+            found += [f"{path.name}:{node.lineno} from os import {a.name}" for a in node.names if "env" in a.name]
+    return found
+
+
+def test_no_module_but_settings_touches_the_process_environment() -> None:
+    modules = [path for path in PACKAGE.rglob("*.py") if path.name != "settings.py"]
+    assert len(modules) > 20
+    assert [use for path in modules for use in environment_uses(path)] == []
+
+
+def test_the_region_comes_from_aws_region_then_aws_default_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-2")
+    assert aws_region() == "eu-west-1"
+    monkeypatch.setenv("AWS_REGION", "")
+    assert aws_region() == "us-east-2"
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    with pytest.raises(ConfigError, match="no AWS region"):
+        aws_region()
+
+
+def test_dotenv_holds_worker_variables_not_aws_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the README states: .env is read for WORKER_*; the AWS variables only from the process environment, as
+    botocore reads them (so the worker and botocore never disagree on the region)."""
+    (tmp_path / ".env").write_text("WORKER_QUEUE=from-dotenv\nAWS_REGION=eu-north-1\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WORKER_QUEUE", raising=False)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    assert load_settings().queue == "from-dotenv"
+    with pytest.raises(ConfigError, match="no AWS region"):
+        aws_region()
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert load_settings().aws() == AwsConnection(region="eu-west-1")
+
+
+def test_dev_defaults_give_way_to_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("WORKER_QUEUE", "WORKER_IDEMPOTENCY_TABLE", "WORKER_SCHEDULES_FILE", "WORKER_POLL_WAIT_S"):
+        monkeypatch.delenv(name, raising=False)
+    settings = load_settings(DevSettings)
+    assert (settings.queue, settings.log_format, settings.metrics, settings.poll_wait_s) == (
+        DEV_QUEUE,
+        "text",
+        "off",
+        5,
+    )
+    assert settings.schedules_file is None  # no schedules.example.yaml in this folder
+    (tmp_path / "schedules.example.yaml").write_text("schedules: []\n")
+    monkeypatch.setenv("WORKER_QUEUE", "mine")
+    monkeypatch.setenv("WORKER_POLL_WAIT_S", "21")
+    with pytest.raises(ConfigError, match="WORKER_POLL_WAIT_S"):  # the dev defaults keep the settings' bounds
+        load_settings(DevSettings)
+    monkeypatch.setenv("WORKER_POLL_WAIT_S", "1")
+    settings = load_settings(DevSettings)
+    assert (settings.queue, settings.poll_wait_s) == ("mine", 1)
+    assert settings.schedules_file == str(tmp_path / "schedules.example.yaml")
+
+
+def test_dev_passes_its_endpoint_explicitly_and_prints_every_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    (tmp_path / "schedules.example.yaml").write_text("schedules: []\n")
+    connection = AwsConnection("ap-south-1", "http://127.0.0.1:4599", "dev", "dev")
+    settings = load_settings(DevSettings).with_aws(connection)
+    assert settings.aws().client_kwargs() == {
+        "region_name": "ap-south-1",
+        "endpoint_url": "http://127.0.0.1:4599",
+        "aws_access_key_id": "dev",
+        "aws_secret_access_key": "dev",
+    }
+    assert exports(settings) == {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:4599",
+        "AWS_REGION": "ap-south-1",
+        "AWS_DEFAULT_REGION": "ap-south-1",
+        "AWS_ACCESS_KEY_ID": "dev",
+        "AWS_SECRET_ACCESS_KEY": "dev",
+        "WORKER_QUEUE": DEV_QUEUE,
+        "WORKER_IDEMPOTENCY_TABLE": "sqs-worker-dev-idempotency",
+        "WORKER_SCHEDULES_FILE": str(tmp_path / "schedules.example.yaml"),
+    }
