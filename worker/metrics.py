@@ -456,9 +456,7 @@ def build_metrics_observer(
         if cloudwatch_client is None:
             import boto3
 
-            from worker.settings import aws_region
-
-            cloudwatch_client = boto3.client("cloudwatch", region_name=aws_region())
+            cloudwatch_client = boto3.client("cloudwatch", **settings.aws().client_kwargs())
         return CloudWatchObserver(
             namespace=settings.metrics_namespace,
             queue=queue_name,
