@@ -43,19 +43,26 @@ def test_the_region_comes_from_aws_region_then_aws_default_region(monkeypatch: p
         aws_region()
 
 
-def test_dotenv_holds_worker_variables_not_aws_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dotenv_holds_worker_variables_not_aws_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """As the README states: .env is read for WORKER_*; the AWS variables only from the process environment, as
-    botocore reads them (so the worker and botocore never disagree on the region)."""
-    (tmp_path / ".env").write_text("WORKER_QUEUE=from-dotenv\nAWS_REGION=eu-north-1\n")
+    botocore reads them (so the worker and botocore never disagree), and an AWS line in .env is reported."""
+    (tmp_path / ".env").write_text("WORKER_QUEUE=from-dotenv\nAWS_REGION=eu-north-1\nAWS_ENDPOINT_URL=http://x:1\n")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("WORKER_QUEUE", raising=False)
-    monkeypatch.delenv("AWS_REGION", raising=False)
-    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    for name in ("WORKER_QUEUE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
     assert load_settings().queue == "from-dotenv"
+    assert capsys.readouterr().err == (
+        "sqs-worker: warning: .env sets AWS_ENDPOINT_URL, AWS_REGION, not read from there: AWS variables come from "
+        "the process environment only (as botocore reads them); export them: set -a; . ./.env; set +a\n"
+    )
     with pytest.raises(ConfigError, match="no AWS region"):
         aws_region()
     monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://x:1")
     assert load_settings().aws() == AwsConnection(region="eu-west-1")
+    assert capsys.readouterr().err == ""  # exported: nothing left unread
 
 
 def test_dev_defaults_give_way_to_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,10 @@ worker and botocore agree). Only ``sqs-worker dev`` names an endpoint and creden
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal, Self, TypeVar, overload
 
 from pydantic import AliasChoices, Field, PrivateAttr, ValidationError, field_validator
@@ -138,9 +141,27 @@ def load_settings(settings_class: type[WorkerSettings] | None = None, **override
     """Read the settings (``WorkerSettings`` or a subclass with other defaults), turning validation errors into
     one ConfigError line."""
     try:
-        return (settings_class or WorkerSettings)(**overrides)  # type: ignore[arg-type]
+        settings = (settings_class or WorkerSettings)(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc)) from exc
+    unread = unread_dotenv_aws_variables(Path(".env"))
+    if unread:
+        print(
+            f"sqs-worker: warning: .env sets {', '.join(unread)}, not read from there: AWS variables come from the "
+            "process environment only (as botocore reads them); export them: set -a; . ./.env; set +a",
+            file=sys.stderr,
+        )
+    return settings
+
+
+def unread_dotenv_aws_variables(path: Path) -> list[str]:
+    """The ``AWS_*`` names a ``.env`` file sets that the process environment does not: neither botocore nor the
+    worker reads them from there."""
+    if not path.is_file():
+        return []
+    from dotenv import dotenv_values
+
+    return sorted(name for name in dotenv_values(path) if name.startswith("AWS_") and name not in os.environ)
 
 
 def describe_validation_error(exc: ValidationError) -> str:
