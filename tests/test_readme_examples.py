@@ -193,11 +193,14 @@ def test_readme_examples_run_as_written(dev_server: dict[str, str], tmp_path: Pa
         assert len(ran) >= 4, ran
         run_log = folder / "sqs-worker-run.log"
         expected = 2  # the boto3 example and the inline `sqs-worker enqueue`
-        wait_until(
-            lambda: sum(e.get("event") == "succeeded" for e in log_events(run_log)) >= expected,
-            30,
-            "the README's worker to run the README's jobs",
-        )
+        try:
+            wait_until(
+                lambda: sum(e.get("event") == "succeeded" for e in log_events(run_log)) >= expected,
+                30,
+                "the README's worker to run the README's jobs",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- sqs-worker run:\n{run_log.read_text()}") from None
         succeeded = [e for e in log_events(run_log) if e.get("event") == "succeeded"]
         assert [e["job_type"] for e in succeeded] == ["send_email"] * expected
         wait_until(lambda: queue_counts(env, env["WORKER_QUEUE"]) == 0, 10, "the queue to be empty")
