@@ -156,8 +156,8 @@ def test_schema_prints_the_envelope_schema() -> None:
 
 def test_dev_processes_demo_jobs(tmp_path: Path) -> None:
     """`sqs-worker dev`: embedded local AWS, demo jobs processed, clean exit on SIGTERM."""
-    env = worker_env("http://127.0.0.1:9", TMP=str(tmp_path))
-    del env["AWS_ENDPOINT_URL"]
+    # Endpoints of the environment do not matter: dev hands its own to the clients (never via os.environ).
+    env = worker_env("http://127.0.0.1:9", TMP=str(tmp_path), AWS_ENDPOINT_URL_SQS="http://127.0.0.1:9")
     log_path = tmp_path / "dev.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen([*cli_prefix(), "dev"], env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=tmp_path)

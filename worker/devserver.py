@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from worker.localaws import LocalAws
-from worker.settings import AwsConnection, WorkerSettings
+from worker.settings import AwsConnection, AwsSettings, WorkerSettings, load_settings
 
 if TYPE_CHECKING:
     from worker.service import Companion
@@ -32,6 +32,11 @@ DEMO_JOBS: list[tuple[str, dict[str, object], str | None]] = [
 ]
 
 
+def _example_schedules() -> str | None:
+    example = Path("schedules.example.yaml")
+    return str(example.resolve()) if example.is_file() else None
+
+
 class DevSettings(WorkerSettings):
     """``sqs-worker dev``'s defaults; ``WORKER_*`` variables and ``.env`` still override them."""
 
@@ -40,18 +45,13 @@ class DevSettings(WorkerSettings):
     log_format: Literal["json", "text"] = "text"
     metrics: Literal["emf", "cloudwatch", "off"] = "off"
     poll_wait_s: int = Field(default=5, ge=0, le=20)
-    schedules_file: str | None = Field(default_factory=lambda: _example_schedules())
-
-
-def _example_schedules() -> str | None:
-    example = Path("schedules.example.yaml")
-    return str(example.resolve()) if example.is_file() else None
+    schedules_file: str | None = Field(default_factory=_example_schedules)
 
 
 def run_dev(*, port: int = 0, demo: bool = True) -> int:
-    from worker.settings import AwsSettings, load_settings
-
-    settings = load_settings(settings_class=DevSettings)
+    """Start the embedded local AWS and run the worker on it; its endpoint and keys go to the clients explicitly
+    (``WorkerSettings.with_aws``), the process environment is left as it is."""
+    settings = load_settings(DevSettings)
     region = AwsSettings().region or DEV_REGION
     with LocalAws(port=port or None) as aws:
         connection = AwsConnection(
