@@ -582,3 +582,27 @@ async def test_a_body_at_the_size_limit_is_dead_lettered_byte_for_byte(
         assert record_["error_category"] == "permanent"
     assert any("trimmed" in r.getMessage() for r in caplog.records)
     assert queue_is_empty(backend.endpoint_url, queues.queue_url)
+
+
+async def test_a_copy_of_a_dead_lettered_message_never_runs_again(backend: Backend) -> None:
+    """The delete after the dead-letter send fails: the message reappears, and is deleted without running."""
+    queues = make_queues(backend.endpoint_url)
+    calls = Calls()
+    async with running_worker(backend.endpoint_url, queues, hostile_registry(calls), visibility_timeout_s=2) as running:
+        queue = running.worker.outcomes.queue
+        real_delete = queue.delete
+        failed: list[str] = []
+
+        async def delete_failing_once(receipt_handle: str) -> None:
+            if not failed:
+                failed.append(receipt_handle)
+                raise QueueUnavailable("DeleteMessageBatch failed: endpoint unwell")
+            await real_delete(receipt_handle)
+
+        queue.delete = delete_failing_once  # type: ignore[method-assign]
+        message_id = send(backend.endpoint_url, queues.queue_url, body({"reason": "no"}, "refuse"))
+        await running.recorder.wait_for(lambda r: len(r.of(Kind.RECEIVED)) >= 2, timeout_s=15)
+        await running.recorder.wait_for(lambda r: queue_is_empty(backend.endpoint_url, queues.queue_url))
+    assert failed
+    assert calls.counts == {"refuse": 1}
+    assert list(dlq_records(backend, queues.dlq_url, 1)) == [message_id]  # one record, not one per receive

@@ -102,8 +102,8 @@ def _resolve_annotation(handler: Handler, param: inspect.Parameter, localns: dic
         return typing.get_type_hints(holder, localns=localns).get(param.name)
     except Exception as exc:
         raise ConfigError(
-            f"handler {handler.__qualname__}: cannot resolve the annotation {annotation!r} of parameter "
-            f"{param.name!r} ({type(exc).__name__}: {exc})"
+            f"handler {getattr(handler, '__qualname__', handler)!s}: cannot resolve the annotation {annotation!r} "
+            f"of parameter {param.name!r} ({type(exc).__name__}: {exc})"
         ) from exc
 
 

@@ -35,8 +35,8 @@ log = logging.getLogger("worker")
 DEAD_LETTER_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
 #: While a dead-letter send is retried, the message is kept invisible this long past the next try.
 DEAD_LETTER_HOLD_S = 60
-#: Dead-letter decisions remembered by message id (the oldest are forgotten first).
-MAX_DECIDED = 10_000
+#: Dead-letter decisions remembered by message id (the oldest are forgotten first; about 1 KiB each).
+MAX_DECIDED = 1_000
 #: Error codes with which SQS refuses a message's content (characters, size, attributes), not the request.
 CONTENT_REFUSED_CODES = frozenset(
     {
@@ -53,12 +53,13 @@ CONTENT_REFUSED_CODES = frozenset(
 
 @dataclass
 class Decided:
-    """A message decided dead: its dead-letter category and error, which receive of it is being sent, and
-    whether the DLQ has it already."""
+    """A message decided dead: its dead-letter category and error, the receipt handle of the receive being
+    sent (a newer receive takes over), and whether the DLQ has it already. Never holds the body."""
 
     category: str
     error: str
-    owner: Held
+    job_type: str | None
+    owner: str
     sent: bool = False
 
 
@@ -123,7 +124,7 @@ class Outcomes:
         if previous is not None and previous.sent:
             await self._delete_dead_lettered(held)
             return
-        entry = self._remember(Decided(category, error, held))
+        entry = self._remember(message.message_id, Decided(category, error, held.job_type, message.receipt_handle))
         attributes = await self._attributes(held, category, error)
         tries = 0
         while True:
@@ -212,8 +213,7 @@ class Outcomes:
         except (EntryFailed, QueueUnavailable) as exc:
             log.warning("dead-lettered, but the delete failed (a duplicate may follow): %s", exc)
 
-    def _remember(self, entry: Decided) -> Decided:
-        message_id = entry.owner.message.message_id
+    def _remember(self, message_id: str, entry: Decided) -> Decided:
         self._decided.pop(message_id, None)
         self._decided[message_id] = entry
         while len(self._decided) > MAX_DECIDED:

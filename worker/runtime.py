@@ -230,7 +230,7 @@ class Worker:
         message = held.message
         decided = self.outcomes.decided(message.message_id)
         if decided is not None:  # decided dead before (its dead-letter send or delete did not go through)
-            held.job_type = decided.owner.job_type
+            held.job_type = decided.job_type
             await self._finish(held, self.outcomes.dead_letter(held, decided.category, decided.error))
             return False
         try:
