@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from tests.support.backends import Backend
 from tests.support.harness import drain, make_queues, running_worker, send, sqs_client
@@ -195,20 +195,25 @@ def test_size_counts_bytes_as_sqs_does() -> None:
     assert message_bytes("é", {"n": value}) == 2 + 16
 
 
+#: Any character, with those SQS refuses (NUL, controls, lone surrogates, U+FFFE/U+FFFF) drawn often.
+any_char = st.one_of(
+    st.characters(exclude_categories=()),
+    st.sampled_from(["\x00", "\x07", "\x1f", "\ud800", "\udfff", "\ufffe", "\uffff", "é", "\U0001f600"]),
+)
 originals_strategy = st.dictionaries(
     st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True),
-    st.builds(lambda text: {"DataType": "String", "StringValue": text or "x"}, st.text(max_size=300)),
+    st.builds(lambda text: {"DataType": "String", "StringValue": text or "x"}, st.text(any_char, max_size=300)),
     max_size=8,
 )
 
 
 @settings(max_examples=300, deadline=None)
 @given(
-    error=st.text(max_size=3000),
+    error=st.text(any_char, max_size=3000),
     body_bytes=st.integers(min_value=0, max_value=4_000),
     category=st.sampled_from(["invalid_message", "permanent", "bug", "exhausted"]),
     originals=originals_strategy,
-    source_queue=st.text(min_size=1, max_size=80),
+    source_queue=st.text(any_char, min_size=1, max_size=80),
 )
 def test_dead_letter_attributes_are_always_acceptable_to_sqs(
     error: str, body_bytes: int, category: str, originals: dict[str, Any], source_queue: str
@@ -387,8 +392,21 @@ class Calls:
         self.counts[name] = self.counts.get(name, 0) + 1
 
 
+class Picky(BaseModel):
+    n: int
+
+    @field_validator("n")
+    @classmethod
+    def check(cls, value: int) -> int:
+        raise TypeError("a validator bug")  # pydantic wraps only ValueError and AssertionError
+
+
 def hostile_registry(calls: Calls) -> Registry:
     registry = Registry()
+
+    @registry.job("picky")
+    async def picky(payload: Picky) -> None:
+        calls.ran("picky")
 
     @registry.job("echo")
     async def echo(payload: dict[str, Any]) -> dict[str, Any]:
@@ -427,6 +445,7 @@ HOSTILE_BODIES = [
     ("nul-permanent", body({"reason": "closed\u0000 account"}, "refuse"), "permanent", "closed\ufffd account"),
     ("surrogate-permanent", body({"reason": "bad<lone surrogate> name"}, "refuse"), "permanent", "bad\ufffd name"),
     ("unprintable", body({}, "unprintable"), "permanent", "Unprintable: <unprintable Unprintable>"),
+    ("validator-raises", body({"n": 1}, "picky"), "bug", "TypeError: a validator bug"),
 ]
 
 
