@@ -79,19 +79,19 @@ def _hostile_structure(data: dict[str, Any], body: str) -> str | None:
     surrogates = _SURROGATE_ESCAPE.search(body) is not None
     if not surrogates and body.count("{") + body.count("[") <= MAX_NESTING_DEPTH:
         return None
-    stack: list[tuple[Any, int]] = [(data, 1)]
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(data, 1)]
     while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict | list):
-            if depth > MAX_NESTING_DEPTH:
-                return f"body nests deeper than {MAX_NESTING_DEPTH} levels"
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, item in items:
-                if surrogates and isinstance(key, str) and _SURROGATE.search(key):
-                    return "body holds a field name that is not valid Unicode (a lone surrogate escape)"
+        container, depth = stack.pop()
+        if depth > MAX_NESTING_DEPTH:
+            return f"body nests deeper than {MAX_NESTING_DEPTH} levels"
+        items = container.values() if isinstance(container, dict) else container
+        if surrogates and isinstance(container, dict) and any(_SURROGATE.search(key) for key in container):
+            return "body holds a field name that is not valid Unicode (a lone surrogate escape)"
+        for item in items:
+            if isinstance(item, dict | list):
                 stack.append((item, depth + 1))
-        elif surrogates and isinstance(value, str) and _SURROGATE.search(value):
-            return "body holds text that is not valid Unicode (a lone surrogate escape)"
+            elif surrogates and isinstance(item, str) and _SURROGATE.search(item):
+                return "body holds text that is not valid Unicode (a lone surrogate escape)"
     return None
 
 
