@@ -625,3 +625,32 @@ async def test_a_copy_of_a_dead_lettered_message_never_runs_again(backend: Backe
     assert failed
     assert calls.counts == {"refuse": 1}
     assert list(dlq_records(backend, queues.dlq_url, 1)) == [message_id]  # one record, not one per receive
+
+
+async def test_a_refused_dead_letter_send_falls_back_to_the_category(backend: Backend) -> None:
+    """The DLQ's size cannot be read, so 1 MiB is assumed while the DLQ takes 256 KiB: SQS (LocalStack) refuses
+    body plus attributes, and the record goes with its category alone, the body untouched, the handler run once."""
+    queues = make_queues(backend.endpoint_url)
+    sqs_client(backend.endpoint_url).set_queue_attributes(
+        QueueUrl=queues.dlq_url, Attributes={"MaximumMessageSize": "262144"}
+    )
+    frame = body({"reason": "too big", "pad": ""}, "refuse")
+    text = frame.replace('"pad": ""', '"pad": "' + "p" * (262_144 - 200 - len(frame)) + '"')
+    calls = Calls()
+    async with running_worker(backend.endpoint_url, queues, hostile_registry(calls)) as running:
+
+        async def unreadable() -> int | None:
+            return None
+
+        running.worker.outcomes.dlq.maximum_message_bytes = unreadable  # type: ignore[method-assign]
+        message_id = send(backend.endpoint_url, queues.queue_url, text)
+        await running.recorder.wait_count(Kind.DEAD_LETTERED, 1, timeout_s=20)
+    assert calls.counts == {"refuse": 1}
+    found = dlq_records(backend, queues.dlq_url, 1)
+    record_ = found.get(message_id) or next(iter(found.values()))
+    assert record_["body"] == text
+    assert record_["error_category"] == "permanent"
+    if backend.name == "localstack":  # moto counts only the body against the limit
+        attributes = {k: {"DataType": "String", "StringValue": v} for k, v in record_.items() if k != "body"}
+        assert 0 < message_bytes(text, attributes) - len(text) <= 200  # refitted to 256 KiB, not all dropped
+    assert queue_is_empty(backend.endpoint_url, queues.queue_url)

@@ -22,7 +22,7 @@ from typing import Any
 from botocore.exceptions import ClientError, ParamValidationError
 
 from worker.batching import EntryFailed
-from worker.deadletter import SQS_MAX_MESSAGE_BYTES, dead_letter_record
+from worker.deadletter import SQS_MAX_MESSAGE_BYTES, dead_letter_record, message_bytes
 from worker.errors import QueueUnavailable
 from worker.events import Kind, Observers
 from worker.held import Held
@@ -37,6 +37,8 @@ DEAD_LETTER_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
 DEAD_LETTER_HOLD_S = 60
 #: Dead-letter decisions remembered by message id (the oldest are forgotten first; about 1 KiB each).
 MAX_DECIDED = 1_000
+#: SQS's maximum message size before August 2025, still the default of some queues and emulators.
+LEGACY_MAX_MESSAGE_BYTES = 262_144
 #: Error codes with which SQS refuses a message's content (characters, size, attributes), not the request.
 CONTENT_REFUSED_CODES = frozenset(
     {
@@ -137,15 +139,13 @@ class Outcomes:
                 )
                 break
             except Exception as exc:  # anything: a loop of sends, never another run of the handler
-                if self._decided.get(message.message_id) is not entry:
+                current = self._decided.get(message.message_id)
+                if current is not None and current is not entry:
                     return  # a newer receive of this message took the dead-lettering over
                 delay_s = DEAD_LETTER_RETRY_DELAYS_S[min(tries, len(DEAD_LETTER_RETRY_DELAYS_S) - 1)]
                 tries += 1
                 if content_refused(exc) and attributes:
-                    # Our attributes are sanitized and sized, so this means a limit we could not know: keep
-                    # only the category, then nothing (the body always stays as it is).
-                    keep = {k: v for k, v in attributes.items() if k == "error_category"}
-                    attributes = keep if keep != attributes else {}
+                    attributes = self._smaller(held, category, error, attributes)
                     delay_s = 0.0
                 log.log(
                     logging.ERROR if tries == 1 else logging.WARNING,
@@ -168,8 +168,22 @@ class Outcomes:
         self.emit(Kind.DEAD_LETTERED, held, category=category, error=error, duration_s=duration_s)
 
     async def _attributes(self, held: Held, category: str, error: str) -> dict[str, dict[str, Any]]:
+        return self._fitted(held, category, error, await self.dlq_max_message_bytes())
+
+    def _smaller(
+        self, held: Held, category: str, error: str, attributes: dict[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any]]:
+        """Attributes for another try after SQS refused ``attributes``, which are sanitized and sized, so a limit
+        we could not know was hit: fitted to SQS's former 256 KiB, else the category alone, else none. The body
+        always stays as it is."""
+        legacy = self._fitted(held, category, error, LEGACY_MAX_MESSAGE_BYTES)
+        if message_bytes("", legacy) < message_bytes("", attributes):
+            return legacy
+        keep = {name: value for name, value in attributes.items() if name == "error_category"}
+        return keep if keep != attributes else {}
+
+    def _fitted(self, held: Held, category: str, error: str, limit: int) -> dict[str, dict[str, Any]]:
         message = held.message
-        limit = await self.dlq_max_message_bytes()
         record = dead_letter_record(
             category=category,
             error_message=error,
