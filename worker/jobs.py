@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from worker.context import JobContext
 from worker.errors import ConfigError
+from worker.policy import describe_error
 
 #: Exceptions that mean a bug in the handler: retrying cannot help, so they are dead-lettered as ``bug``.
 DEFAULT_BUG_ERRORS: tuple[type[BaseException], ...] = (
@@ -211,4 +212,4 @@ def import_handlers(modules: Iterable[str]) -> None:
         try:
             importlib.import_module(module)
         except Exception as exc:
-            raise ConfigError(f"cannot import handler module {module!r}: {type(exc).__name__}: {exc}") from exc
+            raise ConfigError(f"cannot import handler module {module!r}: {describe_error(exc)}") from exc
