@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -32,22 +34,65 @@ class Envelope(BaseModel):
     )
 
 
+#: Deepest nesting of objects and arrays a body may have: deeper input is refused before any code walks it
+#: (hashing, validation, logging), so none of them can hit Python's recursion limit later.
+MAX_NESTING_DEPTH = 100
+#: A JSON escape of a UTF-16 surrogate (``\ud800``): alone, it decodes to text that is not valid Unicode.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def parse_envelope(body: str) -> Envelope:
     """Parse a message body into an Envelope, or raise InvalidMessage(category=invalid_message).
 
-    Error messages name what is wrong, never the values: a body may carry secrets.
+    Error messages name what is wrong, never the values: a body may carry secrets. Besides malformed JSON,
+    refused as ``invalid_message`` on the first receive: integers of more digits than Python converts
+    (4300), nesting deeper than MAX_NESTING_DEPTH, and strings that are not valid Unicode (lone surrogate
+    escapes), which UTF-8, DynamoDB and SQS attributes all refuse.
     """
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
-        raise InvalidMessage(INVALID_MESSAGE, f"body is not JSON: {reason}") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidMessage(INVALID_MESSAGE, f"body is not JSON: {exc.msg}") from None
+    except RecursionError:
+        raise InvalidMessage(INVALID_MESSAGE, f"body nests deeper than {MAX_NESTING_DEPTH} levels") from None
+    except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits; UnicodeDecodeError
+        raise InvalidMessage(
+            INVALID_MESSAGE, f"body holds a number of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
     if not isinstance(data, dict):
         raise InvalidMessage(INVALID_MESSAGE, f"body is JSON but not an object (got {type(data).__name__})")
+    problem = _hostile_structure(data, body)
+    if problem is not None:
+        raise InvalidMessage(INVALID_MESSAGE, problem)
     try:
         return Envelope.model_validate(data)
     except ValidationError as exc:
         raise InvalidMessage(INVALID_MESSAGE, "envelope " + describe_errors(exc)) from None
+
+
+def _hostile_structure(data: dict[str, Any], body: str) -> str | None:
+    """What makes parsed JSON unsafe to handle (too deep, not valid Unicode), or None.
+
+    The walk is skipped when the text alone rules both out: few brackets and no surrogate escape.
+    """
+    surrogates = _SURROGATE_ESCAPE.search(body) is not None
+    if not surrogates and body.count("{") + body.count("[") <= MAX_NESTING_DEPTH:
+        return None
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(data, 1)]
+    while stack:
+        container, depth = stack.pop()
+        if depth > MAX_NESTING_DEPTH:
+            return f"body nests deeper than {MAX_NESTING_DEPTH} levels"
+        items = container.values() if isinstance(container, dict) else container
+        if surrogates and isinstance(container, dict) and any(_SURROGATE.search(key) for key in container):
+            return "body holds a field name that is not valid Unicode (a lone surrogate escape)"
+        for item in items:
+            if isinstance(item, dict | list):
+                stack.append((item, depth + 1))
+            elif surrogates and isinstance(item, str) and _SURROGATE.search(item):
+                return "body holds text that is not valid Unicode (a lone surrogate escape)"
+    return None
 
 
 def describe_errors(exc: ValidationError) -> str:

@@ -8,9 +8,12 @@ Observers must be quick and must not raise: they run on the event loop.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
+
+log = logging.getLogger("worker")
 
 
 class Kind(StrEnum):
@@ -57,10 +60,15 @@ class Observer(Protocol):
 
 
 class Observers:
-    """Fans events out to several observers; one failing observer never stops the others or the worker."""
+    """Fans events out to several observers; one failing observer never stops the others or the worker.
+
+    The first failure of each observer is logged with its traceback; later ones are not (an observer failing
+    on every event would flood the log).
+    """
 
     def __init__(self, observers: list[Observer] | None = None) -> None:
         self._observers: list[Observer] = list(observers or [])
+        self._failed: set[int] = set()  # ids of observers whose failure was logged
 
     def add(self, observer: Observer) -> None:
         self._observers.append(observer)
@@ -69,19 +77,30 @@ class Observers:
         for observer in self._observers:
             try:
                 observer.emit(event)
-            except Exception:  # noqa: S112 - an observer bug must not stop jobs  # nosec B112
-                continue
+            except Exception:  # an observer bug must not stop jobs
+                self._failure(observer, "emit")
 
     def gauge(self, *, in_flight: int, free_slots: int) -> None:
         for observer in self._observers:
             try:
                 observer.gauge(in_flight=in_flight, free_slots=free_slots)
-            except Exception:  # noqa: S112  # nosec B112
-                continue
+            except Exception:
+                self._failure(observer, "gauge")
 
     def connectivity(self, *, service: str, reachable: bool) -> None:
         for observer in self._observers:
             try:
                 observer.connectivity(service=service, reachable=reachable)
-            except Exception:  # noqa: S112  # nosec B112
-                continue
+            except Exception:
+                self._failure(observer, "connectivity")
+
+    def _failure(self, observer: Observer, method: str) -> None:
+        """Log an observer's first failure with its traceback (called inside the ``except`` block)."""
+        if id(observer) in self._failed:
+            return
+        self._failed.add(id(observer))
+        log.exception(
+            "observer %s failed in %s(); it stays registered, and its further failures are not logged",
+            type(observer).__qualname__,
+            method,
+        )

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from worker.context import JobContext
 from worker.errors import ConfigError
+from worker.policy import describe_error
 
 #: Exceptions that mean a bug in the handler: retrying cannot help, so they are dead-lettered as ``bug``.
 DEFAULT_BUG_ERRORS: tuple[type[BaseException], ...] = (
@@ -70,16 +71,19 @@ class JobSpec:
         return self.idempotent or self.key is not None
 
 
-def inspect_handler(handler: Handler) -> tuple[type[BaseModel] | None, bool]:
-    """The payload model (if the first parameter is annotated with one) and whether it takes a context."""
+def inspect_handler(handler: Handler, *, localns: dict[str, Any] | None = None) -> tuple[type[BaseModel] | None, bool]:
+    """The payload model (if the first parameter is annotated with one) and whether it takes a context.
+
+    Annotations are resolved in the handler's module and ``localns`` (the scope the decorator ran in). One
+    that cannot be resolved (a misspelt name, a string or ``from __future__ import annotations`` annotation
+    naming nothing) is a ConfigError naming the handler and the annotation: the payload would otherwise
+    silently arrive as a dict.
+    """
     signature = inspect.signature(handler)
-    try:
-        hints = typing.get_type_hints(handler)
-    except Exception:
-        hints = {}
     params = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if not params:
         raise ConfigError(f"handler {handler.__qualname__} must take the payload as its first parameter")
+    hints = {param.name: _resolve_annotation(handler, param, localns) for param in params}
     model = hints.get(params[0].name)
     payload_model = model if isinstance(model, type) and issubclass(model, BaseModel) else None
     wants_context = False
@@ -92,6 +96,30 @@ def inspect_handler(handler: Handler) -> tuple[type[BaseModel] | None, bool]:
                 f"handler {handler.__qualname__}: parameter {param.name!r} is neither the payload nor a context"
             )
     return payload_model, wants_context
+
+
+def _resolve_annotation(handler: Handler, param: inspect.Parameter, localns: dict[str, Any] | None) -> Any:
+    """One parameter's annotation, evaluated when it is a string; a ConfigError when it cannot be."""
+    annotation = param.annotation
+    if annotation is inspect.Parameter.empty:
+        return None
+    target = inspect.unwrap(handler.func if isinstance(handler, functools.partial) else handler)
+    holder = _Annotated({param.name: annotation}, getattr(target, "__globals__", {}))
+    try:
+        return typing.get_type_hints(holder, localns=localns).get(param.name)
+    except Exception as exc:
+        raise ConfigError(
+            f"handler {getattr(handler, '__qualname__', handler)!s}: cannot resolve the annotation {annotation!r} "
+            f"of parameter {param.name!r} ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+class _Annotated:
+    """Just enough of a function for ``typing.get_type_hints``: its annotations and its module's globals."""
+
+    def __init__(self, annotations: dict[str, Any], globalns: dict[str, Any]) -> None:
+        self.__annotations__ = annotations
+        self.__globals__ = globalns
 
 
 class Registry:
@@ -116,7 +144,11 @@ class Registry:
         """Register the decorated function (``async def`` or plain ``def``) as the handler of job type ``name``."""
 
         def decorate(handler: Handler) -> Handler:
-            payload_model, wants_context = inspect_handler(handler)
+            caller = sys._getframe(1)  # the scope the handler is defined in: its local models resolve there
+            try:
+                payload_model, wants_context = inspect_handler(handler, localns=dict(caller.f_locals))
+            finally:
+                del caller
             self.add(
                 JobSpec(
                     name=name,
@@ -239,5 +271,5 @@ def describe_import_error(module: str, exc: BaseException, folder: Path) -> str:
     own = [frame for frame in frames if "importlib" not in frame.filename]
     if own and not isinstance(exc, SyntaxError):
         where = f" ({own[-1].filename}, line {own[-1].lineno})"
-    text = " ".join(str(exc).split())
-    return f"WORKER_HANDLERS: importing {module!r} failed: {type(exc).__name__}: {text}{where}"
+    text = " ".join(describe_error(exc).split())  # safe for an exception whose __str__ raises
+    return f"WORKER_HANDLERS: importing {module!r} failed: {text}{where}"

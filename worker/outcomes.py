@@ -1,7 +1,10 @@
 """Applying a message's outcome to SQS: acknowledge (delete), retry later, release, or dead-letter.
 
 Each outcome first stops the message's heartbeat and waits for an extension in flight, so no later visibility
-change can undo it. Dead-lettering sends to the DLQ before it deletes from the source.
+change can undo it. Dead-lettering sends to the DLQ before it deletes from the source. A dead-letter send that
+fails is retried as a send (with backoff, the message kept invisible meanwhile), never as another run of the
+handler: the decision is remembered by message id, so a copy that reappears is dead-lettered (or, once the send
+went through, deleted) without running again.
 """
 
 from __future__ import annotations
@@ -9,13 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from botocore.exceptions import ClientError, ParamValidationError
+
 from worker.batching import EntryFailed
-from worker.deadletter import dead_letter_attributes
-from worker.errors import QueueUnavailable, WorkerError
+from worker.deadletter import SQS_MAX_MESSAGE_BYTES, dead_letter_record, message_bytes
+from worker.errors import QueueUnavailable
 from worker.events import Kind, Observers
 from worker.held import Held
 from worker.policy import visibility_cap_s
@@ -23,8 +31,38 @@ from worker.sqs import Queue
 
 log = logging.getLogger("worker")
 
-#: How long a message whose dead-lettering failed waits before another try.
-DEAD_LETTER_RETRY_S = 30
+#: Pauses between tries of a dead-letter send that failed; the last one repeats until the send goes through.
+DEAD_LETTER_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
+#: While a dead-letter send is retried, the message is kept invisible this long past the next try.
+DEAD_LETTER_HOLD_S = 60
+#: Dead-letter decisions remembered by message id (the oldest are forgotten first; about 1 KiB each).
+MAX_DECIDED = 1_000
+#: SQS's maximum message size before August 2025, still the default of some queues and emulators.
+LEGACY_MAX_MESSAGE_BYTES = 262_144
+#: Error codes with which SQS refuses a message's content (characters, size, attributes), not the request.
+CONTENT_REFUSED_CODES = frozenset(
+    {
+        "InvalidParameterValue",
+        "InvalidParameterValueException",
+        "InvalidMessageContents",
+        "MessageTooLong",
+        "InvalidAttributeValue",
+        "InvalidAttributeName",
+        "MessageAttributesInvalid",
+    }
+)
+
+
+@dataclass
+class Decided:
+    """A message decided dead: its dead-letter category and error, the receipt handle of the receive being
+    sent (a newer receive takes over), and whether the DLQ has it already. Never holds the body."""
+
+    category: str
+    error: str
+    job_type: str | None
+    owner: str
+    sent: bool = False
 
 
 class Outcomes:
@@ -34,6 +72,8 @@ class Outcomes:
         self.queue = queue
         self.dlq = dlq
         self.observers = observers
+        self._decided: OrderedDict[str, Decided] = OrderedDict()
+        self._dlq_limit: int | None = None
 
     def emit(self, kind: Kind, held: Held, **fields: Any) -> None:
         self.observers.emit(held.event(kind, self.queue.name, **fields))
@@ -70,11 +110,81 @@ class Outcomes:
             log.warning("could not release the message: %s", exc, extra=held.log_fields(self.queue.name))
         self.emit(Kind.RELEASED, held, delay_s=float(delay_s), reason=reason)
 
+    def decided(self, message_id: str) -> Decided | None:
+        """The dead-letter decision already taken for this message, if this worker took one."""
+        return self._decided.get(message_id)
+
     async def dead_letter(self, held: Held, category: str, error: str, *, duration_s: float | None = None) -> None:
-        """Send to the DLQ first, then delete from the source: a crash between the two duplicates, never loses."""
+        """Send to the DLQ first, then delete from the source: a crash between the two duplicates, never loses.
+
+        A failed send is tried again (backoff, message kept invisible) until it goes through; a refused content
+        falls back to fewer attributes. A copy of a message whose record is in the DLQ already is only deleted.
+        """
         await self.settle(held)
         message = held.message
-        attributes = dead_letter_attributes(
+        previous = self._decided.get(message.message_id)
+        if previous is not None and previous.sent:
+            await self._delete_dead_lettered(held)
+            return
+        entry = self._remember(message.message_id, Decided(category, error, held.job_type, message.receipt_handle))
+        attributes = await self._attributes(held, category, error)
+        tries = 0
+        while True:
+            try:
+                await self.dlq.send(
+                    message.body,
+                    attributes=attributes,
+                    group_id=message.group_id,
+                    deduplication_id=message.message_id,
+                )
+                break
+            except Exception as exc:  # anything: a loop of sends, never another run of the handler
+                current = self._decided.get(message.message_id)
+                if current is not None and current is not entry:
+                    return  # a newer receive of this message took the dead-lettering over
+                delay_s = DEAD_LETTER_RETRY_DELAYS_S[min(tries, len(DEAD_LETTER_RETRY_DELAYS_S) - 1)]
+                tries += 1
+                if content_refused(exc) and attributes:
+                    attributes = self._smaller(held, category, error, attributes)
+                    delay_s = 0.0
+                log.log(
+                    logging.ERROR if tries == 1 else logging.WARNING,
+                    "dead-letter send failed (try %d); trying again in %.1f s, the message stays invisible: %s",
+                    tries,
+                    delay_s,
+                    exc,
+                    extra=held.log_fields(self.queue.name),
+                )
+                if not await self._hold(held, delay_s):
+                    log.error(
+                        "dead-letter send still failing at the 12-hour visibility limit; the message will "
+                        "reappear and be dead-lettered again",
+                        extra=held.log_fields(self.queue.name),
+                    )
+                    return
+                await asyncio.sleep(delay_s)
+        entry.sent = True
+        await self._delete_dead_lettered(held)
+        self.emit(Kind.DEAD_LETTERED, held, category=category, error=error, duration_s=duration_s)
+
+    async def _attributes(self, held: Held, category: str, error: str) -> dict[str, dict[str, Any]]:
+        return self._fitted(held, category, error, await self.dlq_max_message_bytes())
+
+    def _smaller(
+        self, held: Held, category: str, error: str, attributes: dict[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any]]:
+        """Attributes for another try after SQS refused ``attributes``, which are sanitized and sized, so a limit
+        we could not know was hit: fitted to SQS's former 256 KiB, else the category alone, else none. The body
+        always stays as it is."""
+        legacy = self._fitted(held, category, error, LEGACY_MAX_MESSAGE_BYTES)
+        if message_bytes("", legacy) < message_bytes("", attributes):
+            return legacy
+        keep = {name: value for name, value in attributes.items() if name == "error_category"}
+        return keep if keep != attributes else {}
+
+    def _fitted(self, held: Held, category: str, error: str, limit: int) -> dict[str, dict[str, Any]]:
+        message = held.message
+        record = dead_letter_record(
             category=category,
             error_message=error,
             attempts=message.receive_count,
@@ -82,23 +192,52 @@ class Outcomes:
             original_message_id=message.message_id,
             failed_at=datetime.now(UTC),
             original=message.message_attributes,
+            body=message.body,
+            max_message_bytes=limit,
         )
-        try:
-            await self.dlq.send(
-                message.body,
-                attributes=attributes,
-                group_id=message.group_id,
-                deduplication_id=message.message_id,
+        if record.trimmed:
+            log.warning(
+                "dead-letter attributes trimmed to fit the DLQ's %d-byte message size: %s",
+                limit,
+                "; ".join(record.trimmed),
+                extra=held.log_fields(self.queue.name),
             )
-        except WorkerError as exc:
-            log.error(
-                "dead-lettering failed; the message stays in the queue: %s", exc, extra=held.log_fields(self.queue.name)
+        return record.attributes
+
+    async def dlq_max_message_bytes(self) -> int:
+        """The DLQ's MaximumMessageSize, read once (1 MiB, SQS's limit, while it cannot be read)."""
+        if self._dlq_limit is None:
+            self._dlq_limit = await self.dlq.maximum_message_bytes()
+        return self._dlq_limit or SQS_MAX_MESSAGE_BYTES
+
+    async def _hold(self, held: Held, delay_s: float) -> bool:
+        """Keep the message invisible past the next try. False when the 12-hour limit leaves no time."""
+        cap_s = visibility_cap_s(elapsed_since_receive_s=time.monotonic() - held.received_at)
+        if cap_s <= delay_s:
+            return False
+        with contextlib.suppress(EntryFailed, QueueUnavailable):
+            await self.queue.set_visibility(
+                held.message.receipt_handle, min(cap_s, math.ceil(delay_s) + DEAD_LETTER_HOLD_S)
             )
-            with contextlib.suppress(EntryFailed, QueueUnavailable):  # else it reappears when its visibility lapses
-                await self.queue.set_visibility(message.receipt_handle, DEAD_LETTER_RETRY_S)
-            return
+        return True
+
+    async def _delete_dead_lettered(self, held: Held) -> None:
         try:
-            await self.queue.delete(message.receipt_handle)
+            await self.queue.delete(held.message.receipt_handle)
         except (EntryFailed, QueueUnavailable) as exc:
             log.warning("dead-lettered, but the delete failed (a duplicate may follow): %s", exc)
-        self.emit(Kind.DEAD_LETTERED, held, category=category, error=error, duration_s=duration_s)
+
+    def _remember(self, message_id: str, entry: Decided) -> Decided:
+        self._decided.pop(message_id, None)
+        self._decided[message_id] = entry
+        while len(self._decided) > MAX_DECIDED:
+            self._decided.popitem(last=False)
+        return entry
+
+
+def content_refused(exc: BaseException) -> bool:
+    """Whether SQS (or botocore, before sending) refused a message's content rather than failing the call."""
+    cause = exc.__cause__ if isinstance(exc, QueueUnavailable) else exc
+    if isinstance(cause, ClientError):
+        return cause.response.get("Error", {}).get("Code", "") in CONTENT_REFUSED_CODES
+    return isinstance(cause, ParamValidationError | UnicodeError)

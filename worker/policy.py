@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -91,13 +92,48 @@ def visibility_cap_s(*, elapsed_since_receive_s: float, margin_s: float = 5.0) -
     return max(0, int(MAX_VISIBILITY_S - elapsed_since_receive_s - margin_s))
 
 
+#: Characters SQS accepts in bodies and attribute values (#x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD |
+#: #x10000-#x10FFFF); DynamoDB and UTF-8 log streams refuse lone surrogates too.
+_UNSAFE_CHARS = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+REPLACEMENT_CHAR = "\ufffd"
+
+
+def safe_text(text: str) -> str:
+    """``text`` with every character SQS refuses (NUL and other controls, lone surrogates, U+FFFE/U+FFFF)
+    replaced by U+FFFD, so it can travel as an SQS attribute, a DynamoDB string or a UTF-8 log line."""
+    return _UNSAFE_CHARS.sub(REPLACEMENT_CHAR, text)
+
+
+def error_text(error: BaseException) -> str:
+    """``str(error)``, or ``<unprintable Type>`` when its ``__str__`` raises or returns no str."""
+    try:
+        text = str(error)
+    except Exception:
+        return f"<unprintable {type(error).__name__}>"
+    return text if isinstance(text, str) else f"<unprintable {type(error).__name__}>"
+
+
 def describe_error(error: BaseException, *, limit: int = 1000) -> str:
-    """``Type: message`` of an exception, truncated to ``limit`` characters."""
-    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    return truncate(text, limit)
+    """``Type: message`` of an exception, truncated to ``limit`` characters and made safe to send anywhere.
+
+    Never raises: an exception whose ``__str__`` fails is described as ``Type: <unprintable Type>``.
+    """
+    message = error_text(error)
+    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    return safe_text(truncate(text, limit))
 
 
 def truncate(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return text[: max(0, limit - 1)] + "…"
+
+
+def truncate_utf8(text: str, max_bytes: int) -> str:
+    """``text`` cut so that its UTF-8 encoding takes at most ``max_bytes`` bytes, marked with a trailing "…"."""
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) <= max_bytes:
+        return text
+    if max_bytes < 3:
+        return ""
+    return encoded[: max_bytes - 3].decode("utf-8", "ignore") + "…"

@@ -28,7 +28,7 @@ from worker.heartbeat import Heartbeat
 from worker.held import Connectivity, Held
 from worker.jobs import Registry
 from worker.outcomes import Outcomes
-from worker.policy import BUG, PERMANENT, Action, classify_failure, describe_error
+from worker.policy import BUG, PERMANENT, Action, classify_failure, describe_error, error_text
 from worker.slots import Slots
 from worker.sqs import Message, Queue
 
@@ -228,10 +228,18 @@ class Worker:
     async def _process(self, held: Held) -> bool:
         """Run one message to its outcome. True when the job succeeded (or was a completed duplicate)."""
         message = held.message
+        decided = self.outcomes.decided(message.message_id)
+        if decided is not None:  # decided dead before (its dead-letter send or delete did not go through)
+            held.job_type = decided.job_type
+            await self._finish(held, self.outcomes.dead_letter(held, decided.category, decided.error))
+            return False
         try:
             job = prepare(message.body, self.registry)
         except InvalidMessage as exc:
             await self._finish(held, self.outcomes.dead_letter(held, exc.category, str(exc)))
+            return False
+        except Exception as exc:  # a payload model's validator that raises something else: the job's bug
+            await self._finish(held, self.outcomes.dead_letter(held, BUG, "payload model: " + describe_error(exc)))
             return False
         held.job_type = job.spec.name
         if self.ledger is None and job.envelope.idempotency_key is not None and not self._warned_unguarded:
@@ -250,7 +258,11 @@ class Worker:
         assert self.ledger is not None
         try:
             key = job_key(job.spec, job.envelope, job.payload)
-        except Exception as exc:
+            digest = payload_hash(job.spec.name, job.envelope.payload) if key is not None else ""
+        except InvalidMessage as exc:  # input no key can be made of (a lone surrogate): decided once
+            await self._finish(held, self.outcomes.dead_letter(held, exc.category, str(exc)))
+            return False
+        except Exception as exc:  # the key function raised: the job's bug
             await self._finish(held, self.outcomes.dead_letter(held, BUG, "idempotency key: " + describe_error(exc)))
             return False
         if key is None:
@@ -259,7 +271,7 @@ class Worker:
             claim = await self.ledger.claim(
                 key=key,
                 job_type=job.spec.name,
-                payload_hash=payload_hash(job.spec.name, job.envelope.payload),
+                payload_hash=digest,
                 lease_s=self.options.visibility_timeout_s,
             )
         except LedgerUnavailable as exc:
@@ -306,12 +318,17 @@ class Worker:
         held.handler = asyncio.ensure_future(call_handler(job, context, self._executor))
         try:
             result = await held.handler
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             current = asyncio.current_task()
-            if held.lease_lost and not (current is not None and current.cancelling()):
+            if current is not None and current.cancelling():
+                raise  # the worker cancelled this job (shutdown past the grace period)
+            if held.lease_lost:
                 # Another worker took the job over: it owns the message and the outcome now; touch neither.
                 return False
-            raise
+            # Nobody in the worker cancelled it: the handler raised CancelledError itself. That is the job's
+            # failure (retried with backoff, counted), not a shutdown.
+            await self._finish(held, self._failed(held, job, exc, time.monotonic() - started))
+            return False
         except Exception as exc:
             await self._finish(held, self._failed(held, job, exc, time.monotonic() - started))
             return False
@@ -344,7 +361,7 @@ class Worker:
                 await asyncio.sleep(delay_s)  # backoff between tries of one write
         return await self.ledger.complete(claim, result=result)
 
-    async def _failed(self, held: Held, job: PreparedJob, error: Exception, duration_s: float) -> None:
+    async def _failed(self, held: Held, job: PreparedJob, error: BaseException, duration_s: float) -> None:
         spec = job.spec
         decision = classify_failure(
             error,
@@ -356,8 +373,10 @@ class Worker:
             backoff_max_s=spec.backoff_max_s,
             rng=self._rng,
         )
-        if isinstance(error, TimeoutError) and not str(error):
+        if isinstance(error, TimeoutError) and not error_text(error):
             text = f"TimeoutError: the handler ran longer than timeout_s={spec.timeout_s:g}"
+        elif isinstance(error, asyncio.CancelledError):
+            text = describe_error(error) + " (raised by the handler itself)"
         else:
             text = describe_error(error)
         if decision.action is Action.RETRY:

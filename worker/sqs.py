@@ -163,6 +163,17 @@ class Queue:
             raise translate(exc, "SendMessage") from exc
         return response["MessageId"]
 
+    async def maximum_message_bytes(self) -> int | None:
+        """The queue's MaximumMessageSize attribute (body plus attributes), or None when it cannot be read."""
+        try:
+            response = await self.client.get_queue_attributes(
+                QueueUrl=self.url,
+                AttributeNames=["MaximumMessageSize"],
+            )
+            return int(response.get("Attributes", {})["MaximumMessageSize"])
+        except (TimeoutError, BotoCoreError, ClientError, OSError, KeyError, ValueError):
+            return None
+
     async def _delete_batch(self, handles: list[str]) -> dict[int, EntryFailed]:
         entries = [{"Id": str(i), "ReceiptHandle": handle} for i, handle in enumerate(handles)]
         try:

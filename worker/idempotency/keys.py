@@ -17,7 +17,8 @@ import hashlib
 import json
 from typing import Any
 
-from worker.envelope import Envelope
+from worker.envelope import INVALID_MESSAGE, Envelope
+from worker.errors import InvalidMessage
 from worker.jobs import JobSpec
 
 #: DynamoDB allows 2048 bytes in a partition key; longer keys are stored as a digest (see ``storage_key``).
@@ -35,9 +36,15 @@ def canonical_json(value: Any) -> str:
 
 
 def payload_hash(job_type: str, payload: dict[str, Any]) -> str:
-    """SHA-256 (hex) of the canonical JSON of ``{"type": job_type, "payload": payload}``."""
+    """SHA-256 (hex) of the canonical JSON of ``{"type": job_type, "payload": payload}``.
+
+    Raises InvalidMessage(invalid_message) for a payload holding text that is not valid Unicode.
+    """
     text = canonical_json({"type": job_type, "payload": payload})
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    try:
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    except UnicodeEncodeError:
+        raise InvalidMessage(INVALID_MESSAGE, "payload holds text that is not valid Unicode") from None
 
 
 def storage_key(key: str) -> str:
@@ -58,18 +65,31 @@ def job_key(spec: JobSpec, envelope: Envelope, payload: Any) -> str | None:
     derived hash is over the envelope's payload as sent, so a new default field in a payload model does not
     change the keys of messages already in flight across a deploy.
 
-    A key function that returns anything but a non-empty string is a bug in the job: TypeError.
+    A key function that raises, or returns anything but a non-empty string, is a bug in the job (its exception,
+    or TypeError). Input no key can be made of (text that is not valid Unicode: a lone surrogate, which UTF-8
+    and DynamoDB refuse) raises InvalidMessage(invalid_message): the message is dead-lettered once, not retried.
     """
     if envelope.idempotency_key is not None:
-        return storage_key(envelope.idempotency_key)
+        return storage_key(_valid_key(envelope.idempotency_key, "the envelope's idempotency_key"))
     if spec.key is not None:
         value = spec.key(payload)
         if not isinstance(value, str) or not value:
             raise TypeError(
                 f"key function of job {spec.name!r} must return a non-empty str, got {type(value).__name__}"
             )
-        return storage_key(f"{spec.name}:{value}")
+        return storage_key(f"{spec.name}:{_valid_key(value, f'the key function of job {spec.name!r}')}")
     if spec.idempotent:
-        digest = hashlib.sha256(canonical_json(envelope.payload).encode("utf-8")).hexdigest()
-        return storage_key(f"{spec.name}:{digest}")
+        try:
+            encoded = canonical_json(envelope.payload).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidMessage(INVALID_MESSAGE, "payload holds text that is not valid Unicode") from None
+        return storage_key(f"{spec.name}:{hashlib.sha256(encoded).hexdigest()}")
     return None
+
+
+def _valid_key(key: str, source: str) -> str:
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidMessage(INVALID_MESSAGE, f"idempotency key from {source} is not valid Unicode") from None
+    return key

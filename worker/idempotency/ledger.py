@@ -203,9 +203,9 @@ def encode_result(result: Any, *, max_bytes: int) -> tuple[str | None, str | Non
         return None, None
     try:
         text = json.dumps(result, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        size = len(text.encode("utf-8"))  # a lone surrogate in the result raises here
+    except (TypeError, ValueError, RecursionError) as exc:
         return None, f"result not stored: not JSON-serialisable ({type(result).__name__}: {exc})"[:MAX_NOTE_CHARS]
-    size = len(text.encode("utf-8"))
     if size > max_bytes:
         return None, f"result not stored: {size} bytes of JSON exceed the {max_bytes}-byte limit"
     return text, None
