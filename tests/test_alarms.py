@@ -53,9 +53,7 @@ def applied(alarm_localstack: Backend, tmp_path_factory: pytest.TempPathFactory)
     work = tmp_path_factory.mktemp("tf-alarms")
     name = f"tfa-{uuid.uuid4().hex[:8]}"
     # No destroy: the LocalStack instance goes, with all it holds, at the end of the module.
-    with applied_local_example(
-        alarm_localstack.endpoint_url, work, name=name, variables={"redrive_allow_policy": "true"}, destroy=False
-    ) as done:
+    with applied_local_example(alarm_localstack.endpoint_url, work, name=name, destroy=False) as done:
         yield done
 
 
@@ -91,7 +89,7 @@ def await_alarms(cloudwatch: Any, names: list[str], deadline_s: float) -> dict[s
         if seen.keys() == set(names):
             return seen
         time.sleep(2)  # another process's evaluation loop: nothing to await
-    raise AssertionError(f"not all of {names} reached ALARM within {deadline_s} s; last states: {last}")
+    raise AssertionError(f"not all of {names} reached ALARM within {deadline_s} s (seen: {sorted(seen)}); last: {last}")
 
 
 @pytest.mark.timeout(720)
