@@ -22,7 +22,7 @@ def fed(queue: str = "jobs") -> PrometheusObserver:
     observer.emit(Event(Kind.RETRY_SCHEDULED, queue, "m2", job_type="email", attempt=1, duration_s=1.5))
     observer.emit(Event(Kind.DEAD_LETTERED, queue, "m3", job_type=None, attempt=1, category="invalid_message"))
     observer.emit(Event(Kind.HEARTBEAT, queue, "m4", job_type="email", attempt=1))
-    observer.gauge(in_flight=3, free_slots=7)
+    observer.gauge(in_flight=3, free_slots=7, stuck_threads=2)
     observer.connectivity(service="sqs", reachable=False)
     return observer
 
@@ -48,6 +48,7 @@ def test_every_family_has_help_and_its_type() -> None:
         "sqs_worker_queue_wait_seconds": "histogram",
         "sqs_worker_in_flight": "gauge",
         "sqs_worker_free_slots": "gauge",
+        "sqs_worker_stuck_threads": "gauge",
         "sqs_worker_endpoint_up": "gauge",
     }
     assert {name: parsed[name].type for name in expected} == expected
@@ -72,6 +73,7 @@ def test_values_and_labels_are_the_documented_ones() -> None:
     assert value(parsed["sqs_worker_queue_wait_seconds"], "sqs_worker_queue_wait_seconds_sum", **email) == 0.25
     assert value(parsed["sqs_worker_in_flight"], "sqs_worker_in_flight", queue="jobs") == 3
     assert value(parsed["sqs_worker_free_slots"], "sqs_worker_free_slots", queue="jobs") == 7
+    assert value(parsed["sqs_worker_stuck_threads"], "sqs_worker_stuck_threads", queue="jobs") == 2
     assert value(parsed["sqs_worker_endpoint_up"], "sqs_worker_endpoint_up", service="sqs") == 0
 
 

@@ -77,6 +77,12 @@ class PrometheusObserver:
         self.free_slots = Gauge(
             "sqs_worker_free_slots", "Handler slots free for more jobs.", ["queue"], registry=registry
         ).labels(queue)
+        self.stuck_threads = Gauge(
+            "sqs_worker_stuck_threads",
+            "Plain def handlers still running in their thread after their job timed out or was stopped.",
+            ["queue"],
+            registry=registry,
+        ).labels(queue)
         self.endpoint_up = Gauge(
             "sqs_worker_endpoint_up",
             "1 while the endpoint of a service (sqs, dynamodb) is reachable, 0 while not.",
@@ -98,9 +104,10 @@ class PrometheusObserver:
         if event.duration_s is not None:
             self.job_duration.labels(*labels).observe(max(0.0, event.duration_s))
 
-    def gauge(self, *, in_flight: int, free_slots: int) -> None:
+    def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None:
         self.in_flight.set(in_flight)
         self.free_slots.set(free_slots)
+        self.stuck_threads.set(stuck_threads)
 
     def connectivity(self, *, service: str, reachable: bool) -> None:
         self.endpoint_up.labels(service).set(1 if reachable else 0)
