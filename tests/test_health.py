@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.backends import Backend
 from worker.cli import main
 from worker.health import HealthObserver, check_liveness_file, liveness_from_timestamp, serve_health
 from worker.settings import WorkerSettings
@@ -132,3 +133,44 @@ def test_health_check_command_as_a_process(tmp_path: Path) -> None:
         [sys.executable, "-m", "worker.cli", "health", "--check"], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+async def test_health_file_is_removed_even_when_a_companion_fails(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """serve()'s shutdown closes health (and metrics) even when a task beside the worker raised."""
+    import signal
+
+    from tests.support.harness import Recorder, make_queues
+    from worker.jobs import Registry
+    from worker.service import serve
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", backend.endpoint_url)
+    health_file = tmp_path / "health"
+    settings = WorkerSettings(
+        queue=make_queues(backend.endpoint_url).queue_url, health_file=str(health_file), poll_wait_s=1, metrics="off"
+    )
+    registry = Registry()
+
+    @registry.job("noop")
+    async def noop(payload: dict[str, object]) -> None:
+        return None
+
+    turns = Recorder()
+    written: list[bool] = []
+
+    async def broken(stop: asyncio.Event) -> None:
+        await turns.wait_for(lambda recorder: bool(recorder.gauges))  # the health observer wrote the file before
+        written.append(health_file.exists())
+        stop.set()
+        raise RuntimeError("a companion broke")
+
+    loop = asyncio.get_running_loop()
+    try:
+        with pytest.raises(RuntimeError, match="a companion broke"):
+            await asyncio.wait_for(serve(settings, registry, companions=[broken], extra_observers=[turns]), 60)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    assert written == [True]
+    assert not health_file.exists(), "the liveness file outlived the worker"

@@ -234,3 +234,42 @@ def test_cli_input_errors_are_one_line(backend: Backend, tmp_path: Path) -> None
     warned = cli("bootstrap", "--max-receive-count", "2", env=env)
     assert warned.returncode == 0
     assert "not above the largest max_attempts (3)" in warned.stderr
+
+
+@pytest.mark.parametrize("setting", ["WORKER_HEALTH_PORT", "WORKER_PROMETHEUS_PORT"])
+def test_a_taken_port_stops_the_start_before_the_queue_is_touched(
+    backend: Backend, tmp_path: Path, setting: str
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))  # the worker's address: all interfaces
+        taken.listen()
+        port = taken.getsockname()[1]
+        env, url = bootstrapped(backend, tmp_path, **{setting: str(port)})
+        client = sqs_client(backend.endpoint_url)
+        client.send_message(QueueUrl=url, MessageBody=json.dumps({"type": "record", "payload": {"n": 1}}))
+        worker = start("run", env=env, stderr_path=tmp_path / "worker.log")
+        try:
+            code = worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(timeout=10)
+            pytest.fail(f"the worker ran with {setting} taken:\n" + (tmp_path / "worker.log").read_text()[-3000:])
+    stderr = (tmp_path / "worker.log").read_text().splitlines()
+    assert code == 2, stderr
+    assert stderr == [f"sqs-worker: error: {setting}={port}: cannot listen on port {port}: Address already in use"]
+    attributes = client.get_queue_attributes(
+        QueueUrl=url,
+        AttributeNames=[
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ],
+    )["Attributes"]
+    assert (
+        int(attributes["ApproximateNumberOfMessages"]),
+        int(attributes["ApproximateNumberOfMessagesNotVisible"]),
+        int(attributes["ApproximateNumberOfMessagesDelayed"]),
+    ) == (1, 0, 0), "the worker received before it failed"
+    assert lines(tmp_path / "effects.txt") == []

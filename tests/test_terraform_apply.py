@@ -10,22 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from tests.support.backends import Backend
 from tests.support.process import cli, lines, start, wait_until, worker_env
-from tests.support.terraform import EXAMPLES_DIR, TERRAFORM_DIR, Terraform, cli_config, find_mirror, require
-from tests.support.terraform import terraform_binary as find_terraform
+from tests.support.terraform import Applied, applied_local_example
 from worker.schedules import load_schedules
 from worker.settings import WorkerSettings
 
@@ -44,51 +40,18 @@ schedules:
 """
 
 
-@dataclass
-class Applied:
-    """What ``terraform apply`` made, as the module's outputs say."""
-
-    endpoint_url: str
-    name: str
-    outputs: dict[str, Any]
-    schedules_file: Path
-
-    def client(self, service: str) -> Any:
-        return boto3.client(service, endpoint_url=self.endpoint_url, region_name="us-east-1")  # type: ignore[call-overload]
-
-
 @pytest.fixture(scope="module")
 def applied(moto_backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Applied]:
-    binary = find_terraform()
-    require(binary is not None, "terraform is not on PATH")
-    mirror = find_mirror()
-    require(mirror is not None, "no hashicorp/aws provider mirror on this machine (see docs/terraform.md)")
-    assert binary is not None and mirror is not None
     work = tmp_path_factory.mktemp("tf-apply")
-    tree = work / "terraform"
-    skipped = shutil.ignore_patterns(".terraform", "*.tfstate*", ".terraform.lock.hcl")
-    shutil.copytree(TERRAFORM_DIR, tree, ignore=skipped)
-    root = tree / EXAMPLES_DIR.relative_to(TERRAFORM_DIR) / "local"
     schedules_file = work / "schedules.yaml"
     schedules_file.write_text(SCHEDULES, encoding="utf-8")
-    terraform = Terraform(binary, cli_config(work, mirror), work / "data")
     name = f"tfw-{uuid.uuid4().hex[:8]}"
-    variables = [
-        f"-var=endpoint_url={moto_backend.endpoint_url}",
-        f"-var=name={name}",
-        f"-var=schedules_file={schedules_file}",
-    ]
-    terraform.check(root, "init", "-backend=false", "-input=false", "-no-color")
-    try:
-        terraform.check(root, "apply", "-auto-approve", "-input=false", "-no-color", *variables, timeout_s=400)
-        outputs = json.loads(terraform.check(root, "output", "-json", "-no-color"))["worker"]["value"]
-        yield Applied(moto_backend.endpoint_url, name, outputs, schedules_file)
-    finally:
-        terraform.check(root, "destroy", "-auto-approve", "-input=false", "-no-color", *variables, timeout_s=400)
-        left = boto3.client("sqs", endpoint_url=moto_backend.endpoint_url, region_name="us-east-1").list_queues(
-            QueueNamePrefix=name
-        )
-        assert not left.get("QueueUrls"), f"destroy left queues behind: {left['QueueUrls']}"
+    with applied_local_example(
+        moto_backend.endpoint_url, work, name=name, variables={"schedules_file": str(schedules_file)}
+    ) as done:
+        yield done
+    left = done.client("sqs").list_queues(QueueNamePrefix=name)
+    assert not left.get("QueueUrls"), f"destroy left queues behind: {left['QueueUrls']}"
 
 
 @pytest.mark.timeout(900)
@@ -118,7 +81,7 @@ def test_idempotency_table_is_as_declared(applied: Applied) -> None:
 
 def test_schedules_send_exactly_the_workers_body(applied: Applied) -> None:
     scheduler = applied.client("scheduler")
-    for schedule in load_schedules(applied.schedules_file):
+    for schedule in load_schedules(Path(applied.variables["schedules_file"])):
         remote = scheduler.get_schedule(Name=schedule.name, GroupName=applied.name)
         assert remote["ScheduleExpression"] == schedule.expression
         assert remote["ScheduleExpressionTimezone"] == schedule.timezone
@@ -169,7 +132,7 @@ def test_worker_runs_jobs_from_the_created_queue_and_dead_letters_into_the_creat
         applied.endpoint_url,
         TMP=str(tmp_path),
         TEST_EFFECTS_FILE=str(effects),
-        WORKER_SCHEDULES_FILE=str(applied.schedules_file),
+        WORKER_SCHEDULES_FILE=applied.variables["schedules_file"],
         **applied.outputs["worker_environment"],
     )
     env["WORKER_HANDLERS"] = "tests.support.terraform_handlers"

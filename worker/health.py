@@ -203,6 +203,26 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ro
             await writer.wait_closed()
 
 
+async def listen_http(routes: dict[str, Route], *, host: str, port: int) -> asyncio.Server:
+    """Bind ``routes`` to ``host:port`` and start answering; OSError when the port cannot be had."""
+    server = await asyncio.start_server(
+        lambda r, w: _handle(r, w, routes), host=host, port=port, limit=MAX_REQUEST_BYTES
+    )
+    bound_port: int = server.sockets[0].getsockname()[1]
+    log.info("serving %s on %s:%d", ", ".join(sorted(routes)), host, bound_port)
+    return server
+
+
+async def serve_until(server: asyncio.Server, stop_event: asyncio.Event) -> None:
+    """Keep ``server`` answering until ``stop_event``, then close it."""
+    try:
+        async with server:
+            await stop_event.wait()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def serve_http(
     routes: dict[str, Route],
     *,
@@ -212,19 +232,10 @@ async def serve_http(
     started: asyncio.Future[int] | None = None,
 ) -> None:
     """Serve ``routes`` until ``stop_event`` is set. ``started`` receives the bound port (useful with port 0)."""
-    server = await asyncio.start_server(
-        lambda r, w: _handle(r, w, routes), host=host, port=port, limit=MAX_REQUEST_BYTES
-    )
-    bound_port: int = server.sockets[0].getsockname()[1]
+    server = await listen_http(routes, host=host, port=port)
     if started is not None and not started.done():
-        started.set_result(bound_port)
-    log.info("serving %s on %s:%d", ", ".join(sorted(routes)), host, bound_port)
-    try:
-        async with server:
-            await stop_event.wait()
-    finally:
-        server.close()
-        await server.wait_closed()
+        started.set_result(server.sockets[0].getsockname()[1])
+    await serve_until(server, stop_event)
 
 
 def _json_route(check: Callable[[], HealthStatus]) -> Route:

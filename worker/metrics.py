@@ -105,22 +105,34 @@ class Snapshot:
         return not self.jobs and not self.dead_letters_by_category and not any(self.gauges.values())
 
 
+class JobTypeNames:
+    """The job type an event is counted under: its own for the first ``limit`` distinct types, then
+    :data:`OTHER_JOB_TYPE` (a bound on metric cardinality shared by every sink)."""
+
+    def __init__(self, *, limit: int = MAX_JOB_TYPES) -> None:
+        self.limit = limit
+        self._known: set[str] = set()
+
+    def of(self, event: Event) -> str:
+        name = event.job_type or NO_JOB_TYPE
+        if name in self._known:
+            return name
+        if len(self._known) >= self.limit:
+            return OTHER_JOB_TYPE
+        self._known.add(name)
+        return name
+
+
 class MetricBuffer:
     """Aggregates events into counters and value lists (pure; not thread-safe on its own)."""
 
     def __init__(self, *, max_job_types: int = MAX_JOB_TYPES) -> None:
         self.max_job_types = max_job_types
         self._snapshot = Snapshot()
-        self._known_types: set[str] = set()
+        self._job_types = JobTypeNames(limit=max_job_types)
 
     def _job_type(self, event: Event) -> str:
-        name = event.job_type or NO_JOB_TYPE
-        if name in self._known_types:
-            return name
-        if len(self._known_types) >= self.max_job_types:
-            return OTHER_JOB_TYPE
-        self._known_types.add(name)
-        return name
+        return self._job_types.of(event)
 
     def _stats(self, job_type: str) -> JobStats:
         stats = self._snapshot.jobs.get(job_type)

@@ -11,9 +11,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from worker.app import open_worker
-from worker.errors import QueueUnavailable
+from worker.errors import ConfigError, QueueUnavailable
 from worker.events import Observer, Observers
-from worker.health import HealthObserver, Route, health_routes, serve_http
+from worker.health import HealthObserver, Route, health_routes, listen_http, serve_until
 from worker.jobs import Registry
 from worker.logs import LogObserver
 from worker.metrics import build_metrics_observer
@@ -51,15 +51,15 @@ async def serve(
     companions: list[Companion] | None = None,
     extra_observers: list[Observer] | None = None,
 ) -> None:
-    """Run the worker until ``stop`` (or SIGTERM/SIGINT) and a clean shutdown."""
+    """Run the worker until ``stop`` (or SIGTERM/SIGINT) and a clean shutdown.
+
+    The health and Prometheus ports are bound first: one that cannot be had stops the start with a
+    ConfigError before the queue is touched.
+    """
     stop = stop or asyncio.Event()
     install_signal_handlers(stop)
     health = HealthObserver(settings)
-    metrics = build_metrics_observer(settings, queue_name_of(settings.queue))
     observers = Observers([LogObserver(), health, *(extra_observers or [])])
-    if metrics is not None:
-        observers.add(metrics)
-    background: list[asyncio.Task[None]] = []
     routes_by_port: dict[int, dict[str, Route]] = {}
     if settings.health_port is not None:
         routes_by_port.setdefault(settings.health_port, {}).update(health_routes(health))
@@ -67,11 +67,13 @@ async def serve(
         prometheus = PrometheusObserver(queue_name_of(settings.queue))
         observers.add(prometheus)
         routes_by_port.setdefault(settings.prometheus_port, {})["/metrics"] = prometheus.route
-    for port, routes in routes_by_port.items():
-        # All interfaces: probes and scrapes come from outside the container.
-        server = serve_http(routes, host="0.0.0.0", port=port, stop_event=stop)  # noqa: S104 # nosec B104
-        background.append(asyncio.create_task(server))
+    servers = await listen_all(settings, routes_by_port)
+    background = [asyncio.create_task(serve_until(server, stop)) for server in servers]
+    metrics = None
     try:
+        metrics = build_metrics_observer(settings, queue_name_of(settings.queue))
+        if metrics is not None:
+            observers.add(metrics)
         async with open_worker(settings, registry, stop=stop, observers=observers) as worker:
             for companion in companions or []:
                 background.append(asyncio.create_task(companion(stop)))
@@ -82,9 +84,44 @@ async def serve(
         log.info("stopped before the queue could be reached")  # a signal while waiting for the endpoint
     finally:
         stop.set()
-        for task in background:
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(task, timeout=5)
-        if metrics is not None:
-            metrics.close()
-        health.close()
+        try:
+            for task in background:
+                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(task, timeout=5)
+        finally:
+            if metrics is not None:
+                metrics.close()
+            health.close()
+
+
+async def listen_all(settings: WorkerSettings, routes_by_port: dict[int, dict[str, Route]]) -> list[asyncio.Server]:
+    """Bind every port (all interfaces: probes and scrapes come from outside the container).
+
+    A port that cannot be had is a ConfigError naming its setting; the ports bound before it are closed.
+    """
+    servers: list[asyncio.Server] = []
+    try:
+        for port, routes in routes_by_port.items():
+            try:
+                servers.append(await listen_http(routes, host="0.0.0.0", port=port))  # noqa: S104 # nosec B104
+            except OSError as exc:
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                raise ConfigError(f"{port_settings(settings, port)}: cannot listen on port {port}: {reason}") from None
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
+    return servers
+
+
+def port_settings(settings: WorkerSettings, port: int) -> str:
+    """The settings that ask for ``port``, e.g. ``WORKER_HEALTH_PORT=8080``."""
+    names = [
+        name
+        for name, value in (
+            ("WORKER_HEALTH_PORT", settings.health_port),
+            ("WORKER_PROMETHEUS_PORT", settings.prometheus_port),
+        )
+        if value == port
+    ]
+    return " and ".join(names) + f"={port}"

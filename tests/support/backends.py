@@ -11,6 +11,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,13 +81,15 @@ LOCALSTACK_LAUNCHER = REPO_ROOT / "infra" / "localstack" / "run.py"
 LOCALSTACK_URL_ENV = "LOCALSTACK_ENDPOINT_URL"
 
 
-def start_localstack(ready_timeout_s: float = 180.0) -> Backend:
+def start_localstack(ready_timeout_s: float = 180.0, *, options: Sequence[str] = ()) -> Backend:
     """LocalStack on a free loopback port via infra/localstack/run.py (or the one at $LOCALSTACK_ENDPOINT_URL).
 
-    Raises RuntimeError with the launcher's reason when it cannot start: a missing backend fails the run.
+    ``options`` are more launcher flags (e.g. ``--sqs-metrics-interval-s 5``); with them, an instance of its own
+    is always launched. Raises RuntimeError with the launcher's reason when it cannot start: a missing backend
+    fails the run.
     """
     external = os.environ.get(LOCALSTACK_URL_ENV)
-    if external:
+    if external and not options:
         endpoint = external.rstrip("/")
         _await_localstack_health(endpoint, ready_timeout_s)
         return Backend("localstack", endpoint)
@@ -102,6 +105,7 @@ def start_localstack(ready_timeout_s: float = 180.0) -> Backend:
                 "10",
                 "--ready-timeout-s",
                 str(ready_timeout_s),
+                *options,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -7,12 +7,17 @@ that need the provider fail loudly in CI (``CI=true``) and skip with the reason 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import boto3
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,3 +141,45 @@ class Terraform:
                 f"--- stdout\n{result.stdout[-6000:]}\n--- stderr\n{result.stderr[-6000:]}"
             )
         return result.stdout
+
+
+@dataclass
+class Applied:
+    """What ``terraform apply`` of ``examples/local`` made, as the module's outputs say."""
+
+    endpoint_url: str
+    name: str
+    variables: dict[str, str]  # the -var values given to apply
+    outputs: dict[str, Any]
+
+    def client(self, service: str) -> Any:
+        return boto3.client(service, endpoint_url=self.endpoint_url, region_name="us-east-1")  # type: ignore[call-overload]
+
+
+@contextlib.contextmanager
+def applied_local_example(
+    endpoint_url: str, work: Path, *, name: str, variables: dict[str, str] | None = None, destroy: bool = True
+) -> Iterator[Applied]:
+    """``terraform apply`` of ``terraform/examples/local`` against ``endpoint_url`` (a copy of the tree under
+    ``work``); ``destroy`` afterwards unless told not to. Needs terraform and the provider mirror (else skips,
+    or fails in CI)."""
+    binary = terraform_binary()
+    require(binary is not None, "terraform is not on PATH")
+    mirror = find_mirror()
+    require(mirror is not None, "no hashicorp/aws provider mirror on this machine (see docs/terraform.md)")
+    assert binary is not None and mirror is not None
+    tree = work / "terraform"
+    skipped = shutil.ignore_patterns(".terraform", "*.tfstate*", ".terraform.lock.hcl")
+    shutil.copytree(TERRAFORM_DIR, tree, ignore=skipped)
+    root = tree / EXAMPLES_DIR.relative_to(TERRAFORM_DIR) / "local"
+    terraform = Terraform(binary, cli_config(work, mirror), work / "data")
+    given = {"endpoint_url": endpoint_url, "name": name, **(variables or {})}
+    arguments = [f"-var={key}={value}" for key, value in given.items()]
+    terraform.check(root, "init", "-backend=false", "-input=false", "-no-color")
+    try:
+        terraform.check(root, "apply", "-auto-approve", "-input=false", "-no-color", *arguments, timeout_s=400)
+        outputs = json.loads(terraform.check(root, "output", "-json", "-no-color"))["worker"]["value"]
+        yield Applied(endpoint_url, name, given, outputs)
+    finally:
+        if destroy:
+            terraform.check(root, "destroy", "-auto-approve", "-input=false", "-no-color", *arguments, timeout_s=400)
