@@ -8,7 +8,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from worker import ConfigError, QueueUnavailable
-from worker.sqs import translate
+from worker.aws import translate
 
 
 def client_error(code: str, status: int) -> ClientError:
@@ -20,13 +20,17 @@ def client_error(code: str, status: int) -> ClientError:
     ("error", "expected", "fragment"),
     [
         (client_error("AWS.SimpleQueueService.NonExistentQueue", 400), ConfigError, "sqs-worker bootstrap"),
-        (client_error("AccessDenied", 403), ConfigError, "IAM permissions"),
+        (client_error("AccessDenied", 403), ConfigError, "access denied"),
         (client_error("InvalidClientTokenId", 403), ConfigError, "credentials"),
         (client_error("ExpiredToken", 400), QueueUnavailable, "ExpiredToken"),
         (client_error("ThrottlingException", 400), QueueUnavailable, "Throttling"),
         (client_error("InternalError", 500), QueueUnavailable, "InternalError"),
         (client_error("SomethingNew", 400), QueueUnavailable, "SomethingNew"),
-        (EndpointConnectionError(endpoint_url="http://127.0.0.1:9"), QueueUnavailable, "Could not connect"),
+        (
+            EndpointConnectionError(endpoint_url="http://127.0.0.1:9"),
+            QueueUnavailable,
+            "cannot reach SQS at http://127.0.0.1:9",
+        ),
     ],
 )
 def test_translate(error: Exception, expected: type[Exception], fragment: str) -> None:

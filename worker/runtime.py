@@ -42,8 +42,6 @@ LEDGER_RETRY_S = 10
 #: How long a message waits before another try after an internal error of the worker.
 INTERNAL_ERROR_RETRY_S = 30
 RECEIVE_BACKOFF_MAX_S = 20.0
-#: Pauses between tries of recording a completion in the ledger (a retried complete is safe: it is fenced).
-COMPLETE_RETRY_DELAYS_S = (0.2, 1.0)
 
 
 @dataclass(frozen=True)
@@ -335,13 +333,8 @@ class Worker:
         self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)
 
     async def _complete_claim(self, claim: Claim, result: Any) -> bool:
-        """Record completion, trying a few times: a lost completion means the job runs again."""
+        """Record completion (the ledger retries it within its budget: a lost completion means the job runs again)."""
         assert self.ledger is not None
-        for delay_s in COMPLETE_RETRY_DELAYS_S:
-            try:
-                return await self.ledger.complete(claim, result=result)
-            except LedgerUnavailable:
-                await asyncio.sleep(delay_s)  # backoff between tries of one write
         return await self.ledger.complete(claim, result=result)
 
     async def _failed(self, held: Held, job: PreparedJob, error: Exception, duration_s: float) -> None:
