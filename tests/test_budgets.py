@@ -44,8 +44,8 @@ def schedule(budget: Budget, *, jitter: float, limit: int = 1000) -> list[float]
         (BATCH, 50, 59.0, 1.0, 1.0),  # shortened: the last try starts at 60 s
         (BATCH, 50, 60.0, 1.0, None),  # spent
         (BATCH, 2, 75.0, 0.0, None),
-        (RECEIVE, 1, 0.0, 1.0, 0.5),
-        (RECEIVE, 7, 1e6, 1.0, 20.0),  # never gives up, capped at 20 s
+        (RECEIVE, 1, 0.0, 1.0, 0.1),
+        (RECEIVE, 9, 1e6, 1.0, 20.0),  # never gives up, capped at 20 s
         (RECEIVE, 10_000, 1e9, 0.5, 15.0),  # huge counts do not overflow
         (SEND, 1, 0.0, 1.0, 0.1),
         (SEND, 5, 4.5, 1.0, 0.5),
@@ -95,7 +95,7 @@ def test_the_documented_numbers() -> None:
     assert sum(schedule(SEND, jitter=1.0)) == pytest.approx(5.0)
     assert sum(schedule(LEDGER, jitter=0.0)) == pytest.approx(5.0)
     assert schedule(NO_RETRY, jitter=1.0) == []
-    assert schedule(RECEIVE, jitter=1.0, limit=8) == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 20.0, 20.0]
+    assert schedule(RECEIVE, jitter=1.0, limit=10) == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 20, 20])
     assert start_budget(60.0).give_up_after_s == 60.0
 
 
@@ -122,3 +122,21 @@ def test_botocore_retries() -> None:
     assert botocore_retries(1) == {"mode": "standard", "total_max_attempts": 1}
     with pytest.raises(ValueError, match="attempts"):
         botocore_retries(0)
+
+
+def test_the_readme_states_these_budgets() -> None:
+    """README, "Endpoint trouble" and "CLI": the table a reader relies on says what this module does."""
+    from pathlib import Path
+
+    from worker.budgets import CLI_BOTOCORE_ATTEMPTS
+    from worker.settings import WorkerSettings
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    start = start_budget(WorkerSettings(queue="q").start_timeout_s)
+    assert f"`WORKER_START_TIMEOUT_S` ({start.give_up_after_s:g} s), {start.first_delay_s:g} s doubling to " in readme
+    assert f"| ReceiveMessage | ever, {RECEIVE.first_delay_s:g} s doubling to {RECEIVE.max_delay_s:g} s |" in readme
+    for budget in (BATCH, SEND, LEDGER):
+        assert budget.give_up_after_s is not None
+        numbers = f"{budget.give_up_after_s:g} s, {budget.first_delay_s:g} s doubling to {budget.max_delay_s:g} s"
+        assert f"| {numbers} |" in readme, numbers
+    assert f"botocore tries each call {CLI_BOTOCORE_ATTEMPTS} times" in readme

@@ -53,11 +53,11 @@ def situation(request: pytest.FixtureRequest) -> Iterator[Situation]:
         port = free_port()  # bound and closed again: nothing listens there
         yield Situation(request.param, f"http://127.0.0.1:{port}", (f"127.0.0.1:{port}",))
     elif request.param == "refused credentials":
-        with error_server(Answer(403, "InvalidClientTokenId")) as url:
-            yield Situation(request.param, url, ("InvalidClientTokenId",))
+        with error_server(Answer(403, "InvalidClientTokenId")) as server:
+            yield Situation(request.param, server.url, ("InvalidClientTokenId",))
     elif request.param == "access denied":
-        with error_server(Answer(400, "AccessDenied")) as url:
-            yield Situation(request.param, url, ("AccessDenied",))
+        with error_server(Answer(400, "AccessDenied")) as server:
+            yield Situation(request.param, server.url, ("AccessDenied",))
     else:
         moto: Backend = request.getfixturevalue("moto_backend")
         names: tuple[str, str] = request.getfixturevalue("names")

@@ -10,16 +10,14 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from aiobotocore.session import get_session
-
-from worker.aws import client_config, is_transient, resolve_queue_url, translate
+from worker.aws import async_client, client_config, is_transient, resolve_queue_url, translate
 from worker.budgets import retry_delay_s, start_budget
 from worker.errors import ConfigError, QueueUnavailable
 from worker.events import Observers
 from worker.jobs import Registry
 from worker.names import default_dlq_name, queue_name_of
 from worker.runtime import RuntimeOptions, Worker
-from worker.settings import WorkerSettings, aws_region
+from worker.settings import WorkerSettings
 from worker.sqs import Queue, redrive_target_url
 
 if TYPE_CHECKING:
@@ -117,21 +115,15 @@ async def open_worker(
             f"job(s) {', '.join(guarded)} are idempotent but WORKER_IDEMPOTENCY_TABLE is not set: "
             "they would run unguarded"
         )
-    session = get_session()
-    region = aws_region()
     config = client_config(settings)
     async with contextlib.AsyncExitStack() as stack:
-        sqs: SQSClient = await stack.enter_async_context(
-            session.create_client("sqs", region_name=region, config=config)
-        )
+        sqs: SQSClient = await stack.enter_async_context(async_client("sqs", config=config))
         queue_url, dlq_url = await wait_for_endpoint(sqs, settings, stop)
         ledger: Any = None
         if settings.idempotency_table:
             from worker.idempotency import Ledger
 
-            dynamodb = await stack.enter_async_context(
-                session.create_client("dynamodb", region_name=region, config=config)
-            )
+            dynamodb = await stack.enter_async_context(async_client("dynamodb", config=config))
             await check_table(dynamodb, settings.idempotency_table)
             ledger = Ledger(dynamodb, settings.idempotency_table, owner=worker_id())
             stack.push_async_callback(ledger.aclose)

@@ -41,7 +41,7 @@ class Budget:
 
 RECEIVE = Budget(
     "ReceiveMessage",
-    first_delay_s=0.5,
+    first_delay_s=0.1,
     max_delay_s=20.0,
     give_up_after_s=None,
     then="never gives up: /readyz answers 503 and one `unreachable` line is logged until SQS answers again",
@@ -59,7 +59,7 @@ SEND = Budget(
     first_delay_s=0.1,
     max_delay_s=1.0,
     give_up_after_s=5.0,
-    then="the message stays in the queue and is dead-lettered on a later receive",
+    then="the message stays in the queue and comes back after 30 s",
 )
 LEDGER = Budget(
     "DynamoDB (idempotency claims, completions, releases)",

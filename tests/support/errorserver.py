@@ -14,6 +14,14 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+@dataclass
+class Served:
+    """A running error server: its URL and how many requests it answered."""
+
+    url: str
+    requests: int = 0
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int
@@ -21,9 +29,10 @@ class Answer:
     message: str = "refused by the test server"
 
 
-def _handler(answer: Answer) -> type[BaseHTTPRequestHandler]:
+def _handler(answer: Answer, served: Served) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
+            served.requests += 1
             length = int(self.headers.get("Content-Length") or 0)
             self.rfile.read(length)
             json_protocol = "json" in (self.headers.get("Content-Type") or "")
@@ -59,13 +68,15 @@ def _handler(answer: Answer) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def error_server(answer: Answer) -> Iterator[str]:
-    """An endpoint URL answering every request with ``answer``, for the duration of the block."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(answer))
+def error_server(answer: Answer) -> Iterator[Served]:
+    """An endpoint answering every request with ``answer``, for the duration of the block."""
+    served = Served("")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(answer, served))
+    served.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield served
     finally:
         server.shutdown()
         server.server_close()
