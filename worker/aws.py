@@ -238,7 +238,7 @@ def translate(
     detail = describe(exc)
     if trouble is Trouble.MISSING:
         if service == "dynamodb":
-            what = f"table {resource!r}" if resource else "the table"
+            what = f"idempotency table {resource!r}" if resource else "the idempotency table"
             return ConfigError(
                 f"{action}: {what} does not exist: run `sqs-worker bootstrap` or fix WORKER_IDEMPOTENCY_TABLE"
             )
