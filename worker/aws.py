@@ -244,7 +244,7 @@ def translate(
             )
         what = f"queue {resource!r}" if resource else "the queue"
         at = f" at {where}" if where else ""
-        return ConfigError(f"{action}: {what} does not exist{at}: run `sqs-worker bootstrap` first or fix WORKER_QUEUE")
+        return ConfigError(f"{action}: {what} does not exist{at}: run `sqs-worker bootstrap` or check its name")
     if trouble is Trouble.CREDENTIALS:
         return ConfigError(
             f"{action}: {name} refused the credentials ({detail}): check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
