@@ -65,3 +65,26 @@ def test_the_cli_tries_each_call_as_botocore_alone(monkeypatch: pytest.MonkeyPat
         with pytest.raises(ClientError):
             sync_client("sqs").get_queue_url(QueueName="q")
         assert server.requests == CLI_BOTOCORE_ATTEMPTS
+
+
+def test_a_batch_is_retried_within_its_budget_then_its_callers_get_the_error() -> None:
+    from worker.batching import Batcher, EntryFailed
+    from worker.errors import QueueUnavailable
+
+    flushes: list[list[str]] = []
+
+    async def flush(entries: list[str]) -> dict[int, EntryFailed]:
+        flushes.append(entries)
+        raise QueueUnavailable("DeleteMessageBatch: cannot reach SQS")
+
+    async def scenario() -> None:
+        batcher: Batcher[str] = Batcher(flush, name="delete", max_delay_s=0.001, budget=FAST)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        results = await asyncio.gather(batcher.submit("a"), batcher.submit("b"), return_exceptions=True)
+        assert all(isinstance(result, QueueUnavailable) for result in results)
+        assert loop.time() - started < (FAST.give_up_after_s or 0) + 0.5
+
+    asyncio.run(scenario())
+    assert len(flushes) > 1
+    assert all(entries == ["a", "b"] for entries in flushes)
