@@ -14,6 +14,7 @@ from botocore.exceptions import BotoCoreError
 
 from tests.support.backends import Backend
 from tests.support.idempotency import FakeClock, WriteCounter, dynamodb_client
+from worker.budgets import Budget
 from worker.errors import LedgerUnavailable
 from worker.idempotency import (
     CONFLICT_REASON,
@@ -359,13 +360,14 @@ async def test_concurrent_claims_of_one_key_run_once(backend: Backend, table: st
 
 async def test_missing_table_is_unavailable_with_a_hint(dynamodb: DynamoDBClient, clock: FakeClock) -> None:
     ledger = make_ledger(dynamodb, f"missing-{uuid4().hex[:8]}", clock, "w1")
-    with pytest.raises(LedgerUnavailable, match=r"ResourceNotFoundException.*bootstrap"):
+    with pytest.raises(LedgerUnavailable, match=r"table .missing-.* does not exist: run `sqs-worker bootstrap`"):
         await ledger.claim(key=new_key(), job_type="charge", payload_hash=HASH, lease_s=LEASE_S)
 
 
 async def test_unreachable_endpoint_raises_ledger_unavailable(clock: FakeClock) -> None:
     async with dynamodb_client(f"http://127.0.0.1:{free_port()}", retries=1) as client:
-        ledger = make_ledger(client, "any", clock, "w1")
+        quick = Budget("test", first_delay_s=0.01, max_delay_s=0.02, give_up_after_s=0.1, then="raise")
+        ledger = Ledger(client, "any", owner="w1", clock=clock, budget=quick)
         with pytest.raises(LedgerUnavailable) as caught:
             await ledger.claim(key=new_key(), job_type="charge", payload_hash=HASH, lease_s=LEASE_S)
         assert isinstance(caught.value.__cause__, BotoCoreError)

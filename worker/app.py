@@ -10,17 +10,15 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
-from botocore.exceptions import BotoCoreError, ClientError
-
+from worker.aws import async_client, client_config, is_transient, resolve_queue_url, translate
+from worker.budgets import retry_delay_s, start_budget
 from worker.errors import ConfigError, QueueUnavailable
 from worker.events import Observers
 from worker.jobs import Registry
 from worker.names import default_dlq_name, queue_name_of
 from worker.runtime import RuntimeOptions, Worker
 from worker.settings import WorkerSettings
-from worker.sqs import Queue, is_transient, redrive_target_url, resolve_queue_url
+from worker.sqs import Queue, redrive_target_url
 
 if TYPE_CHECKING:
     from types_aiobotocore_sqs import SQSClient
@@ -31,14 +29,7 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def client_config(settings: WorkerSettings) -> AioConfig:
-    loops = max(1, -(-settings.concurrency // 10))
-    return AioConfig(
-        max_pool_connections=loops + 16,
-        connect_timeout=5,
-        read_timeout=settings.poll_wait_s + 15,
-        retries={"mode": "standard", "total_max_attempts": 3},
-    )
+__all__ = ["check_table", "client_config", "open_worker", "resolve_dlq_url", "wait_for_endpoint", "worker_id"]
 
 
 async def resolve_dlq_url(client: SQSClient, settings: WorkerSettings, queue_url: str) -> str:
@@ -60,25 +51,35 @@ async def resolve_dlq_url(client: SQSClient, settings: WorkerSettings, queue_url
 
 
 async def wait_for_endpoint(client: SQSClient, settings: WorkerSettings, stop: asyncio.Event) -> tuple[str, str]:
-    """Resolve the queue and DLQ URLs, waiting out an unreachable endpoint (until ``stop``)."""
+    """Resolve the queue and DLQ URLs, waiting out an unreachable endpoint for WORKER_START_TIMEOUT_S (the start
+    budget of ``worker.budgets``); then, or when ``stop`` is set, the last QueueUnavailable is raised."""
     import logging
+    import random
 
     log = logging.getLogger("worker")
-    delay_s = 0.5
-    warned = False
+    budget = start_budget(settings.start_timeout_s)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    failures = 0
     while True:
         try:
             queue_url = await resolve_queue_url(client, settings.queue)
             return queue_url, await resolve_dlq_url(client, settings, queue_url)
         except QueueUnavailable as exc:
-            if not warned:
-                log.warning("sqs unreachable at start, waiting for it: %s", exc)
-                warned = True
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay_s)
+            failures += 1
+            delay_s = retry_delay_s(
+                budget=budget, failures=failures, elapsed_s=loop.time() - started, jitter=random.random()
+            )
             if stop.is_set():
                 raise
-            delay_s = min(delay_s * 2, 20.0)
+            if delay_s is None:
+                raise QueueUnavailable(
+                    f"{exc} (gave up after {budget.give_up_after_s:g} s, WORKER_START_TIMEOUT_S)"
+                ) from exc
+            if failures == 1:
+                log.warning("sqs unreachable at start, trying for %g s: %s", budget.give_up_after_s, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay_s)
 
 
 async def check_table(client: Any, table: str) -> None:
@@ -88,16 +89,13 @@ async def check_table(client: Any, table: str) -> None:
 
     try:
         await client.get_item(TableName=table, Key={KEY_ATTRIBUTE: {"S": "sqs-worker:startup-check"}})
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
-            raise ConfigError(
-                f"idempotency table {table!r} does not exist: "
-                "run `sqs-worker bootstrap` or fix WORKER_IDEMPOTENCY_TABLE"
-            ) from exc
-        if not is_transient(exc):
-            raise ConfigError(f"idempotency table {table!r}: {exc}") from exc
-    except (BotoCoreError, OSError, TimeoutError):
-        return
+    except Exception as exc:
+        if is_transient(exc):
+            return
+        error = translate(exc, "GetItem", service="dynamodb", resource=table)
+        if isinstance(error, ConfigError):
+            raise error from exc
+        raise ConfigError(f"idempotency table {table!r}: {error}") from exc
 
 
 @contextlib.asynccontextmanager
@@ -117,17 +115,16 @@ async def open_worker(
             f"job(s) {', '.join(guarded)} are idempotent but WORKER_IDEMPOTENCY_TABLE is not set: "
             "they would run unguarded"
         )
-    session = get_session()
     connection = settings.aws().client_kwargs()
     config = client_config(settings)
     async with contextlib.AsyncExitStack() as stack:
-        sqs: SQSClient = await stack.enter_async_context(session.create_client("sqs", config=config, **connection))
+        sqs: SQSClient = await stack.enter_async_context(async_client("sqs", config=config, connection=connection))
         queue_url, dlq_url = await wait_for_endpoint(sqs, settings, stop)
         ledger: Any = None
         if settings.idempotency_table:
             from worker.idempotency import Ledger
 
-            dynamodb = await stack.enter_async_context(session.create_client("dynamodb", config=config, **connection))
+            dynamodb = await stack.enter_async_context(async_client("dynamodb", config=config, connection=connection))
             await check_table(dynamodb, settings.idempotency_table)
             ledger = Ledger(dynamodb, settings.idempotency_table, owner=worker_id())
             stack.push_async_callback(ledger.aclose)

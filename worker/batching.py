@@ -2,17 +2,19 @@
 
 Entries are flushed when 10 are waiting or a few milliseconds after the first one, whichever comes first.
 Each caller awaits the outcome of its own entry: per-entry failures are reported to that caller alone.
-Transport failures (endpoint down, throttled) are retried with backoff for a bounded time.
+Transport failures (endpoint down, throttled) are retried as the BATCH budget of ``worker.budgets`` allows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from worker.budgets import BATCH, Budget, retry_delay_s
 from worker.errors import QueueUnavailable, WorkerError
 
 log = logging.getLogger("worker.batching")
@@ -50,14 +52,14 @@ class Batcher(Generic[E]):
         *,
         name: str,
         max_delay_s: float = 0.005,
-        retry_for_s: float = 60.0,
-        retry_base_s: float = 0.2,
+        budget: Budget = BATCH,
+        rng: random.Random | None = None,
     ) -> None:
         self._flush = flush
         self._name = name
         self._max_delay_s = max_delay_s
-        self._retry_for_s = retry_for_s
-        self._retry_base_s = retry_base_s
+        self._budget = budget
+        self._rng = rng or random.Random()
         self._pending: list[_Pending[E]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -86,22 +88,25 @@ class Batcher(Generic[E]):
 
     async def _send(self, batch: list[_Pending[E]]) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._retry_for_s
-        delay_s = self._retry_base_s
+        started = loop.time()
+        failures = 0
         while True:
             try:
                 self.calls += 1
                 failed = await self._flush([p.entry for p in batch])
                 break
             except QueueUnavailable as exc:
-                if loop.time() + delay_s > deadline:
+                failures += 1
+                delay_s = retry_delay_s(
+                    budget=self._budget, failures=failures, elapsed_s=loop.time() - started, jitter=self._rng.random()
+                )
+                if delay_s is None:
                     for pending in batch:
                         if not pending.future.done():
                             pending.future.set_exception(exc)
                     return
                 log.debug("%s batch failed, retrying in %.1f s: %s", self._name, delay_s, exc)
-                await asyncio.sleep(delay_s)  # backoff between transport retries
-                delay_s = min(delay_s * 2, 5.0)
+                await asyncio.sleep(delay_s)  # backoff between transport retries, bounded by the budget
             except Exception as exc:
                 for pending in batch:
                     if not pending.future.done():

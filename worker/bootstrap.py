@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.errors import ConfigError, QueueUnavailable
+from worker.aws import translate
+from worker.errors import ConfigError
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
@@ -66,10 +67,8 @@ def ensure_queues(
                 "RedriveAllowPolicy": json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": [queue_arn]})
             },
         )
-    except (BotoCoreError, OSError) as exc:
-        raise QueueUnavailable(f"cannot reach SQS: {exc}") from exc
-    except ClientError as exc:
-        raise ConfigError(f"cannot create queues: {exc}") from exc
+    except (BotoCoreError, ClientError, OSError) as exc:
+        raise translate(exc, "CreateQueue", resource=queue_name, endpoint=client.meta.endpoint_url) from exc
     return Created(queue_url=queue_url, dlq_url=dlq_url, max_receive_count=max_receive_count)
 
 

@@ -1,5 +1,9 @@
 """The ``sqs-worker`` command line. Each command lives in a module of ``worker.commands`` that adds its
-own sub-parser; this module wires them together and turns a ConfigError into one clear line."""
+own sub-parser; this module wires them together and turns errors into one clear line.
+
+Exit codes: 0 done; 1 the operation failed in part (e.g. dead letters left behind); 2 a wrong setting or an AWS
+endpoint that cannot serve the command (unreachable, refused credentials, access denied, no such queue or
+table), said in one line; 130 interrupted. Commands may add their own (``status``: 3, no record)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from worker.errors import ConfigError, WorkerError
+from botocore.exceptions import BotoCoreError, ClientError
+
+from worker.errors import ConfigError, LedgerUnavailable, QueueUnavailable, WorkerError
 
 #: Modules that each define ``add_parser(subparsers)``; their parsers set ``func(args) -> int``.
 COMMAND_MODULES = (
@@ -37,8 +43,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)
-    except ConfigError as exc:
+    except (ConfigError, QueueUnavailable, LedgerUnavailable) as exc:
         print(f"sqs-worker: error: {exc}", file=sys.stderr)
+        return 2
+    except (BotoCoreError, ClientError) as exc:  # a call no command translated: still one line
+        from worker.aws import translate
+
+        print(f"sqs-worker: error: {translate(exc, 'AWS call')}", file=sys.stderr)
         return 2
     except WorkerError as exc:
         print(f"sqs-worker: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -6,6 +6,8 @@ Rules every operation keeps:
   per entry (the ``Failed`` list of ``SendMessageBatch``); nothing leaves the DLQ without landing elsewhere.
 - Reading a DLQ means receiving: messages are held with a short visibility timeout while read and released
   (visibility 0) afterwards. Each read adds one to their ``ApproximateReceiveCount``.
+- A redrive moves at most the messages that were in the DLQ when it started (its snapshot: the count SQS
+  reports and the start time), each at most once: messages dead-lettered again during the run stay.
 - Bodies are copied byte for byte. The dead-letter attributes (``error_category``, ``error_message``,
   ``attempts``, ``failed_at``, ``source_queue``, ``original_message_id``) are stripped from a redriven
   message; other attributes are kept.
@@ -23,12 +25,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.dlq_records import DeadLetter, redrive_attributes, requeue_attributes
-from worker.errors import ConfigError, QueueUnavailable, WorkerError
+from worker.aws import describe, resolve_queue_url_sync, translate
+from worker.dlq_records import DeadLetter, Snapshot, move_task_poll_s, redrive_attributes, requeue_attributes
+from worker.errors import QueueUnavailable, WorkerError
 from worker.names import default_dlq_name, queue_name_of
 from worker.progress import Progress, RateLimiter
 
@@ -48,43 +52,22 @@ MOVE_TASK_MAX_RATE = 500
 UNSUPPORTED_CODES = frozenset(
     {"UnsupportedOperation", "AWS.SimpleQueueService.UnsupportedOperation", "InternalFailure", "InternalError"}
 )
-
-
-def translate(exc: Exception, action: str) -> WorkerError:
-    """A WorkerError for a botocore failure (ConfigError for a missing queue or access, else QueueUnavailable)."""
-    if isinstance(exc, ClientError):
-        code = exc.response.get("Error", {}).get("Code", "")
-        message = exc.response.get("Error", {}).get("Message", "")
-        if "NonExistentQueue" in code or code == "QueueDoesNotExist":
-            return ConfigError(f"{action}: the queue does not exist ({message or code})")
-        if code in ("AccessDenied", "AccessDeniedException", "InvalidClientTokenId", "UnrecognizedClientException"):
-            return ConfigError(f"{action}: access denied ({message or code})")
-        return QueueUnavailable(f"{action} failed: {code}: {message}")
-    return QueueUnavailable(f"{action} failed: {exc}")
-
-
-def resolve_queue_url(sqs: SQSClient, queue: str) -> str:
-    """A queue URL from a name or URL."""
-    if queue.startswith(("https://", "http://")):
-        return queue
-    try:
-        return sqs.get_queue_url(QueueName=queue)["QueueUrl"]
-    except (BotoCoreError, ClientError) as exc:
-        raise translate(exc, f"GetQueueUrl({queue})") from exc
+#: A redrive stops after this many receives in a row bring nothing it may move (only newer dead letters).
+IDLE_RECEIVES = 3
 
 
 def queue_attributes(sqs: SQSClient, url: str, names: Sequence[str]) -> dict[str, str]:
     try:
         response = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=list(names))  # type: ignore[arg-type]
     except (BotoCoreError, ClientError) as exc:
-        raise translate(exc, f"GetQueueAttributes({queue_name_of(url)})") from exc
+        raise translate(exc, "GetQueueAttributes", resource=queue_name_of(url), endpoint=sqs.meta.endpoint_url) from exc
     return {str(k): str(v) for k, v in response.get("Attributes", {}).items()}
 
 
 def resolve_dlq_url(sqs: SQSClient, source_url: str, dead_letter_queue: str | None) -> str:
     """WORKER_DEAD_LETTER_QUEUE, else the source queue's redrive target, else ``<queue>-dlq``."""
     if dead_letter_queue:
-        return resolve_queue_url(sqs, dead_letter_queue)
+        return resolve_queue_url_sync(sqs, dead_letter_queue)
     policy = queue_attributes(sqs, source_url, ["RedrivePolicy"]).get("RedrivePolicy")
     if policy:
         try:
@@ -92,8 +75,8 @@ def resolve_dlq_url(sqs: SQSClient, source_url: str, dead_letter_queue: str | No
         except ValueError:
             target = ""
         if target:
-            return resolve_queue_url(sqs, queue_name_of(target))
-    return resolve_queue_url(sqs, default_dlq_name(queue_name_of(source_url)))
+            return resolve_queue_url_sync(sqs, queue_name_of(target))
+    return resolve_queue_url_sync(sqs, default_dlq_name(queue_name_of(source_url)))
 
 
 class DeadLetterQueue:
@@ -113,6 +96,17 @@ class DeadLetterQueue:
         value = attrs.get("ApproximateNumberOfMessages")
         return int(value) if value is not None else None
 
+    def snapshot(self) -> Snapshot:
+        """What a redrive starting now may move: the count SQS reports, and now on the endpoint's clock."""
+        try:
+            response = self.sqs.get_queue_attributes(
+                QueueUrl=self.dlq_url, AttributeNames=["ApproximateNumberOfMessages"]
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise translate(exc, "GetQueueAttributes", resource=queue_name_of(self.dlq_url)) from exc
+        count = int(response.get("Attributes", {}).get("ApproximateNumberOfMessages", 0))
+        return Snapshot(count=count, sent_until_ms=_endpoint_now_ms(response))
+
     def _receive(self, *, max_messages: int, visibility_s: int, wait_s: int) -> list[DeadLetter]:
         try:
             response = self.sqs.receive_message(
@@ -124,7 +118,7 @@ class DeadLetterQueue:
                 MessageSystemAttributeNames=["All"],
             )
         except (BotoCoreError, ClientError) as exc:
-            raise translate(exc, "ReceiveMessage(DLQ)") from exc
+            raise translate(exc, "ReceiveMessage", resource=queue_name_of(self.dlq_url)) from exc
         return [DeadLetter.from_message(m) for m in response.get("Messages", [])]
 
     @contextlib.contextmanager
@@ -163,7 +157,9 @@ class DeadLetterQueue:
             try:
                 self.sqs.change_message_visibility_batch(QueueUrl=self.dlq_url, Entries=entries)  # type: ignore[arg-type]
             except (BotoCoreError, ClientError) as exc:
-                log.warning("could not release %d DLQ messages (they reappear by themselves): %s", len(chunk), exc)
+                log.warning(
+                    "could not release %d DLQ messages (they reappear by themselves): %s", len(chunk), describe(exc)
+                )
 
     def read(self, *, limit: int) -> list[DeadLetter]:
         """Up to ``limit`` messages, released again after reading."""
@@ -206,7 +202,7 @@ class DeadLetterQueue:
             try:
                 response = self.sqs.send_message_batch(QueueUrl=self.source_url, Entries=entries)
             except (BotoCoreError, ClientError) as exc:
-                failed.extend((letter, f"SendMessageBatch failed: {exc}") for letter in chunk_letters)
+                failed.extend((letter, f"SendMessageBatch failed: {describe(exc)}") for letter in chunk_letters)
                 continue
             for item in response.get("Successful", []):
                 sent.append((chunk_letters[int(item["Id"])], item["MessageId"]))
@@ -224,7 +220,7 @@ class DeadLetterQueue:
             try:
                 response = self.sqs.delete_message_batch(QueueUrl=self.dlq_url, Entries=entries)  # type: ignore[arg-type]
             except (BotoCoreError, ClientError) as exc:
-                failed.extend((letter, f"DeleteMessageBatch failed: {exc}") for letter in chunk)
+                failed.extend((letter, f"DeleteMessageBatch failed: {describe(exc)}") for letter in chunk)
                 continue
             for item in response.get("Failed", []):
                 failed.append((chunk[int(item["Id"])], f"{item.get('Code', 'Unknown')}: {item.get('Message', '')}"))
@@ -235,7 +231,7 @@ class DeadLetterQueue:
         try:
             self.sqs.purge_queue(QueueUrl=self.dlq_url)
         except (BotoCoreError, ClientError) as exc:
-            raise translate(exc, "PurgeQueue(DLQ)") from exc
+            raise translate(exc, "PurgeQueue", resource=queue_name_of(self.dlq_url)) from exc
 
 
 def _byte_batches(items: list[tuple[DeadLetter, dict[str, Any]]]) -> Iterator[list[tuple[DeadLetter, dict[str, Any]]]]:
@@ -256,8 +252,9 @@ def _byte_batches(items: list[tuple[DeadLetter, dict[str, Any]]]) -> Iterator[li
 class MoveResult:
     """What a redrive or requeue did."""
 
-    method: str  # "move-task" or "receive-send-delete"
+    method: str  # "move-task", "receive-send-delete" or "requeue"
     moved: int = 0
+    total: int | None = None  # how many it set out to move (a redrive: the DLQ's count at its start)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (message id, reason)
     new_message_ids: list[tuple[str, str]] = field(default_factory=list)  # (dlq message id, new id)
 
@@ -270,26 +267,42 @@ def redrive_by_receiving(
     dlq: DeadLetterQueue,
     *,
     limiter: RateLimiter,
+    snapshot: Snapshot,
     progress: Progress | None = None,
     limit: int | None = None,
 ) -> MoveResult:
-    """Move every DLQ message to the source: receive 10, send 10, delete the ones sent. Stops when the DLQ
-    answers empty, at ``limit``, or when a whole batch fails (the source is unreachable or refuses)."""
-    result = MoveResult("receive-send-delete")
-    held_failures: list[DeadLetter] = []
-    failed_ids: set[str] = set()
+    """Move the messages of ``snapshot`` (those in the DLQ when the redrive started) to the source: receive 10,
+    send the ones it admits, delete the ones sent. Messages dead-lettered during the run (sent after its start,
+    or copies of a message it moved) are held until the end and stay in the DLQ; no message moves twice.
+
+    Stops when the snapshot's count was moved or failed, at ``limit``, when the DLQ answers empty, after
+    IDLE_RECEIVES receives in a row without a message to move, or when a whole batch fails.
+    """
+    target = snapshot.count if limit is None else min(limit, snapshot.count)
+    result = MoveResult("receive-send-delete", total=target)
+    kept: list[DeadLetter] = []  # held until the end, then released: failures and messages not to move
+    seen: set[str] = set()
+    moved_ids: set[str] = set()
+    idle = 0
     try:
-        while limit is None or result.moved < limit:
-            want = BATCH_SIZE if limit is None else min(BATCH_SIZE, limit - result.moved)
-            batch = [
-                letter
-                for letter in dlq._receive(max_messages=want, visibility_s=READ_VISIBILITY_S, wait_s=1)
-                if letter.message_id not in failed_ids
-            ]
-            if not batch:
+        while result.moved + len(result.failed) < target and idle < IDLE_RECEIVES:
+            received = dlq._receive(max_messages=BATCH_SIZE, visibility_s=READ_VISIBILITY_S, wait_s=1)
+            if not received:
                 break
+            fresh = [letter for letter in received if letter.message_id not in seen]
+            seen.update(letter.message_id for letter in fresh)
+            room = target - result.moved - len(result.failed)
+            batch = [letter for letter in fresh if snapshot.admits(letter, moved=moved_ids)][:room]
+            chosen = {letter.message_id for letter in batch}
+            kept.extend(letter for letter in fresh if letter.message_id not in chosen)
+            if not batch:
+                idle += 1
+                continue
+            idle = 0
             limiter.acquire(len(batch))
             sent, failed = dlq.copy_to_source(batch, [redrive_attributes(letter) for letter in batch], suffix="")
+            for letter, new_id in sent:
+                moved_ids.update((letter.message_id, new_id))
             delete_failures = dlq.delete([letter for letter, _ in sent])
             result.moved += len(sent) - len(delete_failures)
             for letter, reason in delete_failures:
@@ -298,15 +311,14 @@ def redrive_by_receiving(
                     (letter.message_id, f"copied to the source but not deleted from the DLQ: {reason}")
                 )
             for letter, reason in failed:
-                failed_ids.add(letter.message_id)
-                held_failures.append(letter)
+                kept.append(letter)
                 result.failed.append((letter.message_id, reason))
             if progress is not None:
                 progress.update(result.moved, len(result.failed))
-            if batch and not sent:
+            if not sent:
                 break
     finally:
-        dlq.release(held_failures)
+        dlq.release(kept)
     return result
 
 
@@ -315,7 +327,7 @@ def requeue(dlq: DeadLetterQueue, letters: Sequence[DeadLetter], *, by: str, rea
 
     Each requeue is logged (logger ``worker.dlq``, event ``requeued``) with who, why and both message ids.
     """
-    result = MoveResult("requeue")
+    result = MoveResult("requeue", total=len(letters))
     ready: list[DeadLetter] = []
     attributes: list[dict[str, Any]] = []
     for letter in letters:
@@ -358,24 +370,34 @@ def _is_unsupported(exc: ClientError) -> bool:
     return status >= 500 or error.get("Code", "") in UNSUPPORTED_CODES
 
 
+def _endpoint_now_ms(response: Any) -> int:
+    """The end of the second the response's ``Date`` header names (the endpoint's clock), else the local clock."""
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    if date:
+        with contextlib.suppress(TypeError, ValueError):
+            return int(parsedate_to_datetime(date).timestamp()) * 1000 + 999
+    return int(time.time() * 1000)
+
+
 def queue_arn(sqs: SQSClient, url: str) -> str:
     return queue_attributes(sqs, url, ["QueueArn"])["QueueArn"]
 
 
-def start_move_task(sqs: SQSClient, *, dlq_arn: str, source_arn: str, rate_per_s: int | None) -> str | None:
-    """Start a StartMessageMoveTask from the DLQ to the source; None when the endpoint does not support it."""
-    params: dict[str, Any] = {"SourceArn": dlq_arn, "DestinationArn": source_arn}
-    if rate_per_s is not None:
-        params["MaxNumberOfMessagesPerSecond"] = max(1, min(MOVE_TASK_MAX_RATE, rate_per_s))
+def start_move_task(sqs: SQSClient, *, dlq_arn: str, source_arn: str, rate_per_s: int) -> str | None:
+    """Start a StartMessageMoveTask from the DLQ to the source at ``rate_per_s`` (1..500); None when the endpoint
+    does not support it."""
+    rate = max(1, min(MOVE_TASK_MAX_RATE, rate_per_s))
     try:
-        response = sqs.start_message_move_task(**params)
+        response = sqs.start_message_move_task(
+            SourceArn=dlq_arn, DestinationArn=source_arn, MaxNumberOfMessagesPerSecond=rate
+        )
     except ClientError as exc:
         if _is_unsupported(exc):
-            log.info("StartMessageMoveTask is not supported here (%s); moving by receive, send, delete", exc)
+            log.info("StartMessageMoveTask is not supported here (%s); moving by receive, send, delete", describe(exc))
             return None
-        raise translate(exc, "StartMessageMoveTask") from exc
+        raise translate(exc, "StartMessageMoveTask", resource=dlq_arn.rsplit(":", 1)[-1]) from exc
     except BotoCoreError as exc:
-        raise translate(exc, "StartMessageMoveTask") from exc
+        raise translate(exc, "StartMessageMoveTask", resource=dlq_arn.rsplit(":", 1)[-1]) from exc
     handle: str = response["TaskHandle"]
     return handle
 
@@ -383,35 +405,47 @@ def start_move_task(sqs: SQSClient, *, dlq_arn: str, source_arn: str, rate_per_s
 TERMINAL_TASK_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
 
 
+def _task(sqs: SQSClient, dlq_arn: str, task_handle: str) -> Any:
+    try:
+        tasks = sqs.list_message_move_tasks(SourceArn=dlq_arn, MaxResults=10).get("Results", [])
+    except (BotoCoreError, ClientError) as exc:
+        raise translate(exc, "ListMessageMoveTasks", resource=dlq_arn.rsplit(":", 1)[-1]) from exc
+    task = next((t for t in tasks if t.get("TaskHandle") == task_handle), tasks[0] if tasks else None)
+    if task is None:
+        raise QueueUnavailable(f"move task {task_handle} is not listed")
+    return task
+
+
 def wait_move_task(
     sqs: SQSClient,
     *,
     dlq_arn: str,
     task_handle: str,
+    snapshot: Snapshot,
+    rate_per_s: int,
     progress: Progress | None = None,
-    poll_s: float = 1.0,
     timeout_s: float = 3600.0,
     sleep: Callable[[float], None] = time.sleep,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> MoveResult:
-    """Follow a move task until it ends (or ``timeout_s``: the task goes on in SQS; its handle is logged)."""
-    result = MoveResult("move-task")
+    """Follow a move task until it ends, or until it moved the messages that were in the DLQ when it started
+    (the snapshot's count, or the task's ApproximateNumberOfMessagesToMove when smaller): then cancel it, so
+    messages dead-lettered again during the run stay in the DLQ. After ``timeout_s`` the task goes on in SQS;
+    its handle is reported."""
+    result = MoveResult("move-task", total=snapshot.count)
     deadline = monotonic() + timeout_s
     while True:
-        try:
-            tasks = sqs.list_message_move_tasks(SourceArn=dlq_arn, MaxResults=10).get("Results", [])
-        except (BotoCoreError, ClientError) as exc:
-            raise translate(exc, "ListMessageMoveTasks") from exc
-        task = next((t for t in tasks if t.get("TaskHandle") == task_handle), tasks[0] if tasks else None)
-        if task is None:
-            raise QueueUnavailable(f"move task {task_handle} is not listed")
+        task = _task(sqs, dlq_arn, task_handle)
         result.moved = int(task.get("ApproximateNumberOfMessagesMoved", 0))
-        total = task.get("ApproximateNumberOfMessagesToMove")
+        if task.get("ApproximateNumberOfMessagesToMove") is not None:
+            result.total = min(snapshot.count, int(task["ApproximateNumberOfMessagesToMove"]))
         if progress is not None:
-            if progress.total is None and total is not None:
-                progress.total = int(total)
+            progress.total = result.total
             progress.update(result.moved)
         status = task.get("Status", "")
+        total = result.total or 0
+        if status == "RUNNING" and result.moved >= total:
+            return _cancel_move_task(sqs, dlq_arn=dlq_arn, task_handle=task_handle, result=result)
         if status in TERMINAL_TASK_STATES:
             if status != "COMPLETED":
                 result.failed.append(("(move task)", f"{status}: {task.get('FailureReason', 'no reason given')}"))
@@ -419,22 +453,24 @@ def wait_move_task(
         if monotonic() >= deadline:
             result.failed.append(("(move task)", f"still {status} after {timeout_s:g} s; task handle {task_handle}"))
             return result
-        sleep(poll_s)
+        sleep(move_task_poll_s(remaining=total - result.moved, rate_per_s=rate_per_s))
+
+
+def _cancel_move_task(sqs: SQSClient, *, dlq_arn: str, task_handle: str, result: MoveResult) -> MoveResult:
+    """Cancel a task that moved its snapshot; the moved count is what SQS reports after the cancel."""
+    response: Any = {}
+    try:
+        response = sqs.cancel_message_move_task(TaskHandle=task_handle)
+    except ClientError as exc:
+        # It ended between the look and the cancel: nothing is left to stop.
+        log.info("move task %s not cancelled (%s)", task_handle, describe(exc))
+    except BotoCoreError as exc:
+        raise translate(exc, "CancelMessageMoveTask", resource=dlq_arn.rsplit(":", 1)[-1]) from exc
+    moved = response.get("ApproximateNumberOfMessagesMoved")
+    if moved is not None:
+        result.moved = int(moved)
+    return result
 
 
 def now_utc() -> datetime:
     return datetime.now(UTC)
-
-
-def sqs_client(*, max_attempts: int = 3) -> SQSClient:
-    """A blocking SQS client for the commands: region from AWS_REGION, endpoint from AWS_ENDPOINT_URL."""
-    import boto3
-    from botocore.config import Config
-
-    from worker.settings import aws_region
-
-    config = Config(
-        connect_timeout=5, read_timeout=30, retries={"mode": "standard", "total_max_attempts": max_attempts}
-    )
-    client: SQSClient = boto3.client("sqs", region_name=aws_region(), config=config)
-    return client

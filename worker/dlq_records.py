@@ -1,11 +1,12 @@
 """Dead-letter records as the dlq commands read them (pure): the record, grouping by category and error,
-the listing's text, and the attribute rules of redrive (strip ours) and requeue (add an audit trail)."""
+the listing's text, the attribute rules of redrive (strip ours) and requeue (add an audit trail), and which
+messages one redrive may move (its snapshot) and how it follows a move task."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -203,3 +204,36 @@ def requeue_attributes(letter: DeadLetter, *, by: str, at: datetime, reason: str
     for name, text in audit.items():
         attributes[name] = {"DataType": "String", "StringValue": text}
     return attributes
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one redrive may move: the messages that were in the DLQ when it started.
+
+    ``count`` is the DLQ's ApproximateNumberOfMessages at the start: a run moves (or fails) at most that many.
+    ``sent_until_ms`` is the start on the endpoint's clock (the end of the second its ``Date`` header names): a
+    message sent to the DLQ later was dead-lettered during the run and stays.
+    """
+
+    count: int
+    sent_until_ms: int
+
+    def admits(self, letter: DeadLetter, *, moved: Collection[str]) -> bool:
+        """True when ``letter`` was in the DLQ at the start and is not a message this run moved already.
+
+        ``moved`` holds the DLQ MessageIds this run moved and the MessageIds their copies got in the source: a
+        copy dead-lettered again comes back with a new DLQ MessageId but names its source message as
+        ``original_message_id`` (the worker's record) or keeps that MessageId (SQS's redrive policy).
+        """
+        if {letter.message_id, letter.original_message_id} & set(moved):
+            return False
+        sent = letter.system.get("SentTimestamp", "")
+        return not sent.isdigit() or int(sent) <= self.sent_until_ms
+
+
+def move_task_poll_s(*, remaining: int, rate_per_s: int, max_poll_s: float = 1.0, min_poll_s: float = 0.02) -> float:
+    """How long to wait before looking at a move task again: half the time its ``remaining`` messages take at
+    ``rate_per_s``, within [min_poll_s, max_poll_s], so the command can cancel it as it reaches its snapshot."""
+    if rate_per_s < 1:
+        raise ValueError("rate_per_s must be >= 1")
+    return max(min_poll_s, min(max_poll_s, max(0, remaining) / rate_per_s / 2))

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any
 from botocore.exceptions import ClientError, ParamValidationError
 
 from worker.batching import EntryFailed
+from worker.budgets import SEND, retry_delay_s
 from worker.deadletter import SQS_MAX_MESSAGE_BYTES, dead_letter_record, message_bytes
 from worker.errors import QueueUnavailable
 from worker.events import Kind, Observers
@@ -31,8 +33,6 @@ from worker.sqs import Queue
 
 log = logging.getLogger("worker")
 
-#: Pauses between tries of a dead-letter send that failed; the last one repeats until the send goes through.
-DEAD_LETTER_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
 #: While a dead-letter send is retried, the message is kept invisible this long past the next try.
 DEAD_LETTER_HOLD_S = 60
 #: Dead-letter decisions remembered by message id (the oldest are forgotten first; about 1 KiB each).
@@ -128,7 +128,7 @@ class Outcomes:
             return
         entry = self._remember(message.message_id, Decided(category, error, held.job_type, message.receipt_handle))
         attributes = await self._attributes(held, category, error)
-        tries = 0
+        tries, first_try = 0, time.monotonic()
         while True:
             try:
                 await self.dlq.send(
@@ -142,8 +142,11 @@ class Outcomes:
                 current = self._decided.get(message.message_id)
                 if current is not None and current is not entry:
                     return  # a newer receive of this message took the dead-lettering over
-                delay_s = DEAD_LETTER_RETRY_DELAYS_S[min(tries, len(DEAD_LETTER_RETRY_DELAYS_S) - 1)]
                 tries += 1
+                delay_s = retry_delay_s(
+                    budget=SEND, failures=tries, elapsed_s=time.monotonic() - first_try, jitter=random.random()
+                )
+                assert delay_s is not None  # SEND never gives up
                 if content_refused(exc) and attributes:
                     attributes = self._smaller(held, category, error, attributes)
                     delay_s = 0.0

@@ -1,4 +1,6 @@
-"""A convenience producer over plain boto3. Never required: any ``send_message`` of the envelope works."""
+"""A convenience producer over plain boto3. Never required: any ``send_message`` of the envelope works.
+
+Failures are translated by the edge's one error table (``worker.aws.translate``)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
+from worker.aws import translate
 from worker.envelope import describe_errors, dump_envelope
-from worker.errors import ConfigError, QueueUnavailable
+from worker.errors import ConfigError
+from worker.names import queue_name_of
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
@@ -53,10 +57,10 @@ def enqueue(client: SQSClient, queue_url: str, job: Job) -> str:
     """Send one job; returns its MessageId."""
     try:
         response = client.send_message(QueueUrl=queue_url, **_entry(job, fifo=queue_url.endswith(".fifo")))
-    except (BotoCoreError, OSError) as exc:
-        raise QueueUnavailable(f"SendMessage failed: {exc}") from exc
-    except ClientError as exc:
-        raise ConfigError(f"SendMessage refused: {exc}") from exc
+    except (BotoCoreError, ClientError, OSError) as exc:
+        raise translate(
+            exc, "SendMessage", resource=queue_name_of(queue_url), endpoint=client.meta.endpoint_url
+        ) from exc
     return response["MessageId"]
 
 
@@ -73,10 +77,9 @@ def enqueue_many(client: SQSClient, queue_url: str, jobs: Iterable[Job]) -> list
         entries = [{"Id": str(start + i), **_entry(job, fifo=fifo)} for i, job in enumerate(chunk)]
         try:
             response = client.send_message_batch(QueueUrl=queue_url, Entries=entries)  # type: ignore[arg-type]
-        except (BotoCoreError, OSError) as exc:
-            raise QueueUnavailable(f"SendMessageBatch failed: {exc}") from exc
-        except ClientError as exc:
-            raise ConfigError(f"SendMessageBatch refused: {exc}") from exc
+        except (BotoCoreError, ClientError, OSError) as exc:
+            name = queue_name_of(queue_url)
+            raise translate(exc, "SendMessageBatch", resource=name, endpoint=client.meta.endpoint_url) from exc
         for ok in response.get("Successful", []):
             ids[int(ok["Id"])] = ok["MessageId"]
         for failed in response.get("Failed", []):

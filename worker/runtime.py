@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from worker.budgets import RECEIVE, retry_delay_s
 from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable
 from worker.events import Kind, Observers
 from worker.execution import PreparedJob, build_context, call_handler, prepare, result_for_ledger
@@ -41,9 +42,6 @@ log = logging.getLogger("worker")
 LEDGER_RETRY_S = 10
 #: How long a message waits before another try after an internal error of the worker.
 INTERNAL_ERROR_RETRY_S = 30
-RECEIVE_BACKOFF_MAX_S = 20.0
-#: Pauses between tries of recording a completion in the ledger (a retried complete is safe: it is fenced).
-COMPLETE_RETRY_DELAYS_S = (0.2, 1.0)
 
 
 @dataclass(frozen=True)
@@ -121,7 +119,7 @@ class Worker:
             raise self.fatal
 
     async def _receive_loop(self, stop: asyncio.Event) -> None:
-        backoff_s = 0.5
+        failures = 0  # failed receives in a row: the RECEIVE budget of worker.budgets spaces the next try
         while not self._stopping:
             reserved = await self._slots.reserve(10)
             try:
@@ -133,8 +131,8 @@ class Worker:
             except QueueUnavailable as exc:
                 self._slots.release(reserved)
                 self._sqs.down(exc)
-                await _wait_for(stop, backoff_s)
-                backoff_s = min(backoff_s * 2, RECEIVE_BACKOFF_MAX_S)
+                failures += 1
+                await _wait_for(stop, self._receive_backoff_s(failures))
                 continue
             except ConfigError as exc:
                 self._slots.release(reserved)
@@ -148,14 +146,19 @@ class Worker:
                 self._slots.release(reserved)
                 log.exception("unexpected error while receiving; backing off")
                 self._sqs.down(exc)
-                await _wait_for(stop, backoff_s)
-                backoff_s = min(backoff_s * 2, RECEIVE_BACKOFF_MAX_S)
+                failures += 1
+                await _wait_for(stop, self._receive_backoff_s(failures))
                 continue
-            backoff_s = 0.5
+            failures = 0
             self._sqs.up()
             self._slots.release(reserved - len(messages))
             for message in messages:
                 self._accept(message)
+
+    def _receive_backoff_s(self, failures: int) -> float:
+        delay_s = retry_delay_s(budget=RECEIVE, failures=failures, elapsed_s=0.0, jitter=self._rng.random())
+        assert delay_s is not None  # the RECEIVE budget never gives up
+        return delay_s
 
     def _accept(self, message: Message) -> None:
         now = time.monotonic()
@@ -352,13 +355,8 @@ class Worker:
         self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)
 
     async def _complete_claim(self, claim: Claim, result: Any) -> bool:
-        """Record completion, trying a few times: a lost completion means the job runs again."""
+        """Record completion (the ledger retries it within its budget: a lost completion means the job runs again)."""
         assert self.ledger is not None
-        for delay_s in COMPLETE_RETRY_DELAYS_S:
-            try:
-                return await self.ledger.complete(claim, result=result)
-            except LedgerUnavailable:
-                await asyncio.sleep(delay_s)  # backoff between tries of one write
         return await self.ledger.complete(claim, result=result)
 
     async def _failed(self, held: Held, job: PreparedJob, error: BaseException, duration_s: float) -> None:

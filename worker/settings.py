@@ -70,6 +70,9 @@ class WorkerSettings(BaseSettings):
     )
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="Time running jobs get to finish on SIGTERM.")
     poll_wait_s: int = Field(default=20, ge=0, le=20, description="Long-polling wait of each ReceiveMessage.")
+    start_timeout_s: float = Field(
+        default=60.0, gt=0, description="How long `run` keeps trying to reach SQS at start before it exits 2."
+    )
     max_receive_count: int | None = Field(
         default=None, ge=1, le=1000, description="Redrive maxReceiveCount for bootstrap; default: max_attempts + 2."
     )

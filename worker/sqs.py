@@ -1,7 +1,8 @@
-"""The SQS edge: one class that speaks to the queue through an injected aiobotocore client.
+"""The worker's SQS queue: one class that speaks to the queue through an injected aiobotocore client.
 
-Everything botocore raises is translated here: connection failures, throttling and 5xx become
-QueueUnavailable; per-entry batch failures become EntryFailed for the one caller concerned.
+Everything botocore raises is translated by the one error table of ``worker.aws`` (connection failures,
+throttling and 5xx become QueueUnavailable; a missing queue, refused credentials or access ConfigError);
+per-entry batch failures become EntryFailed for the one caller concerned.
 """
 
 from __future__ import annotations
@@ -12,37 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from worker.aws import resolve_queue_url, translate
 from worker.batching import Batcher, EntryFailed
-from worker.errors import ConfigError, QueueUnavailable
 
 if TYPE_CHECKING:
     from types_aiobotocore_sqs import SQSClient
-
-#: Error codes that mean "the endpoint is unwell", not "the request is wrong".
-TRANSIENT_CODES = frozenset(
-    {
-        "Throttling",
-        "ThrottlingException",
-        "RequestThrottled",
-        "ServiceUnavailable",
-        "InternalError",
-        "InternalFailure",
-        "KMS.ThrottlingException",
-        "RequestTimeout",
-        "SlowDown",
-    }
-)
-MISSING_QUEUE_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
-ACCESS_CODES = frozenset(
-    {
-        "AccessDenied",
-        "AccessDeniedException",
-        "InvalidClientTokenId",
-        "UnrecognizedClientException",
-        "SignatureDoesNotMatch",
-        "InvalidSecurity",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -67,28 +42,6 @@ class Message:
     @property
     def group_id(self) -> str | None:
         return self.attributes.get("MessageGroupId")
-
-
-def is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, ClientError):
-        code = exc.response.get("Error", {}).get("Code", "")
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        return code in TRANSIENT_CODES or status >= 500 or status == 429
-    return isinstance(exc, BotoCoreError | OSError | asyncio.TimeoutError)
-
-
-def translate(exc: Exception, action: str) -> Exception:
-    """The exception to raise for a botocore failure of ``action``: ConfigError for what no retry can fix (a
-    missing queue, refused credentials or permissions), QueueUnavailable for everything else."""
-    if is_transient(exc):
-        return QueueUnavailable(f"{action} failed: {exc}")
-    if isinstance(exc, ClientError):
-        code = exc.response.get("Error", {}).get("Code", "")
-        if code in MISSING_QUEUE_CODES:
-            return ConfigError(f"{action}: the queue does not exist ({code}); run `sqs-worker bootstrap` first")
-        if code in ACCESS_CODES:
-            return ConfigError(f"{action}: {code}: check the credentials and the IAM permissions of the worker")
-    return QueueUnavailable(f"{action} failed: {exc}")
 
 
 class Queue:
@@ -118,7 +71,7 @@ class Queue:
                 MessageAttributeNames=["All"],
             )
         except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
-            raise translate(exc, "ReceiveMessage") from exc
+            raise translate(exc, "ReceiveMessage", resource=self.name) from exc
         return [
             Message(
                 message_id=raw["MessageId"],
@@ -158,9 +111,10 @@ class Queue:
             kwargs["DelaySeconds"] = delay_s
         self.send_calls += 1
         try:
+            # One try: the caller (outcomes.dead_letter) retries by the SEND budget, keeping the message invisible.
             response = await self.client.send_message(**kwargs)
         except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
-            raise translate(exc, "SendMessage") from exc
+            raise translate(exc, "SendMessage", resource=self.name) from exc
         return response["MessageId"]
 
     async def maximum_message_bytes(self) -> int | None:
@@ -179,7 +133,7 @@ class Queue:
         try:
             response = await self.client.delete_message_batch(QueueUrl=self.url, Entries=entries)  # type: ignore[arg-type]
         except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
-            raise translate(exc, "DeleteMessageBatch") from exc
+            raise translate(exc, "DeleteMessageBatch", resource=self.name) from exc
         return _failures(response)
 
     async def _visibility_batch(self, items: list[tuple[str, int]]) -> dict[int, EntryFailed]:
@@ -193,7 +147,7 @@ class Queue:
                 Entries=entries,  # type: ignore[arg-type]
             )
         except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
-            raise translate(exc, "ChangeMessageVisibilityBatch") from exc
+            raise translate(exc, "ChangeMessageVisibilityBatch", resource=self.name) from exc
         return _failures(response)
 
     async def drain(self) -> None:
@@ -214,17 +168,6 @@ def _failures(response: Any) -> dict[int, EntryFailed]:
     }
 
 
-async def resolve_queue_url(client: SQSClient, queue: str) -> str:
-    """A queue URL from a name or URL (a URL is returned unchanged)."""
-    if queue.startswith(("https://", "http://")):
-        return queue
-    try:
-        response = await client.get_queue_url(QueueName=queue)
-    except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
-        raise translate(exc, f"GetQueueUrl({queue})") from exc
-    return response["QueueUrl"]
-
-
 async def redrive_target_url(client: SQSClient, queue_url: str) -> str | None:
     """The DLQ URL from the queue's redrive policy, or None when it has none."""
     import json
@@ -232,7 +175,7 @@ async def redrive_target_url(client: SQSClient, queue_url: str) -> str | None:
     try:
         response = await client.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["RedrivePolicy"])
     except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
-        raise translate(exc, "GetQueueAttributes") from exc
+        raise translate(exc, "GetQueueAttributes", resource=queue_url.rsplit("/", 1)[-1]) from exc
     policy = response.get("Attributes", {}).get("RedrivePolicy")
     if not policy:
         return None

@@ -127,22 +127,23 @@ def default_max_receive_count() -> int:
 
 
 async def ensure_table(region: str, name: str) -> bool:
-    from aiobotocore.session import get_session
-
+    """Create the idempotency table unless it exists (``region`` is the settings' region: kept for callers)."""
+    from worker.aws import async_client
     from worker.idempotency import create_table
 
-    async with get_session().create_client("dynamodb", region_name=region) as client:
+    async with async_client("dynamodb") as client:
         return await create_table(client, name)
 
 
 def sqs_client(region: str) -> Any:
-    import boto3
+    """The CLI's blocking SQS client (``worker.aws.sync_client``; ``region`` is the settings' region)."""
+    from worker.aws import sync_client
 
-    return boto3.client("sqs", region_name=region)
+    return sync_client("sqs")
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    from worker.names import queue_name_of
+    from worker.aws import resolve_queue_url_sync
     from worker.producer import Job, enqueue
     from worker.settings import aws_region, load_settings
 
@@ -154,9 +155,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         raise ConfigError('--payload must be a JSON object, e.g. \'{"to": "a@example.com"}\'')
     settings = load_settings()
     client = sqs_client(aws_region())
-    queue_url = settings.queue
-    if not queue_url.startswith(("http://", "https://")):
-        queue_url = resolve_url(client, queue_name_of(queue_url))
+    queue_url = resolve_queue_url_sync(client, settings.queue)
     message_id = enqueue(
         client,
         queue_url,
@@ -164,16 +163,6 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     )
     print(message_id)
     return 0
-
-
-def resolve_url(client: Any, name: str) -> str:
-    from botocore.exceptions import ClientError
-
-    try:
-        url: str = client.get_queue_url(QueueName=name)["QueueUrl"]
-    except ClientError as exc:
-        raise ConfigError(f"queue {name!r} does not exist: run `sqs-worker bootstrap` first") from exc
-    return url
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

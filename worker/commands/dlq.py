@@ -13,6 +13,7 @@ import json
 import sys
 from typing import Any
 
+from worker.aws import resolve_queue_url_sync, sync_client
 from worker.dlq import (
     MOVE_TASK_MAX_RATE,
     DeadLetterQueue,
@@ -22,8 +23,6 @@ from worker.dlq import (
     redrive_by_receiving,
     requeue,
     resolve_dlq_url,
-    resolve_queue_url,
-    sqs_client,
     start_move_task,
     wait_move_task,
 )
@@ -76,7 +75,9 @@ def add_parser(subparsers: Any) -> None:
     show.add_argument("--limit", type=_positive, default=DEFAULT_READ_LIMIT, help="search at most N (default 1000)")
     show.set_defaults(func=run_show)
 
-    redrive = actions.add_parser("redrive", help="move every dead letter back to the queue")
+    redrive = actions.add_parser(
+        "redrive", help="move the dead letters back to the queue (those in the DLQ when it starts, each once)"
+    )
     redrive.add_argument("--rate", type=_rate, help="at most N messages per second (e.g. 50 or 50/s)")
     redrive.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     redrive.add_argument("--limit", type=_positive, help="move at most N (receive/send/delete path only)")
@@ -101,8 +102,8 @@ def add_parser(subparsers: Any) -> None:
 def open_dlq() -> DeadLetterQueue:
     settings = load_settings()
     configure_logging(settings)
-    sqs = sqs_client()
-    source_url = resolve_queue_url(sqs, settings.queue)
+    sqs = sync_client("sqs")
+    source_url = resolve_queue_url_sync(sqs, settings.queue)
     dlq_url = resolve_dlq_url(sqs, source_url, settings.dead_letter_queue)
     return DeadLetterQueue(sqs, dlq_url=dlq_url, source_url=source_url)
 
@@ -147,7 +148,8 @@ def _confirm(question: str) -> bool:
 
 
 def _report(result: MoveResult, what: str) -> int:
-    print(f"{what}: {result.moved} moved by {result.method}")
+    of = f" of {result.total}" if result.total is not None else ""
+    print(f"{what}: moved {result.moved}{of} by {result.method}")
     for message_id, reason in result.failed:
         print(f"  not moved: {message_id}: {reason}", file=sys.stderr)
     if result.failed:
@@ -157,25 +159,33 @@ def _report(result: MoveResult, what: str) -> int:
 
 def run_redrive(args: argparse.Namespace) -> int:
     dlq = open_dlq()
-    total = dlq.approximate_count()
+    snapshot = dlq.snapshot()
     target = queue_name_of(dlq.source_url)
-    if not args.yes and not _confirm(f"move about {total} message(s) from {queue_name_of(dlq.dlq_url)} to {target}?"):
+    question = f"move the {snapshot.count} message(s) now in {queue_name_of(dlq.dlq_url)} to {target}?"
+    if not args.yes and not _confirm(question):
         print("not confirmed: pass --yes to redrive without a question", file=sys.stderr)
         return 2
-    progress = Progress(sys.stderr, total)
+    if snapshot.count == 0:
+        return _report(MoveResult("nothing to move", total=0), f"redrive to {target}")
+    progress = Progress(sys.stderr, snapshot.count)
     if not args.no_move_task and args.limit is None:
         if args.rate is not None and args.rate > MOVE_TASK_MAX_RATE:
             print(f"a move task moves at most {MOVE_TASK_MAX_RATE} messages/s; using that", file=sys.stderr)
+        rate = min(args.rate or MOVE_TASK_MAX_RATE, MOVE_TASK_MAX_RATE)
         dlq_arn = queue_arn(dlq.sqs, dlq.dlq_url)
         handle = start_move_task(
-            dlq.sqs, dlq_arn=dlq_arn, source_arn=queue_arn(dlq.sqs, dlq.source_url), rate_per_s=args.rate
+            dlq.sqs, dlq_arn=dlq_arn, source_arn=queue_arn(dlq.sqs, dlq.source_url), rate_per_s=rate
         )
         if handle is not None:
-            result = wait_move_task(dlq.sqs, dlq_arn=dlq_arn, task_handle=handle, progress=progress)
+            result = wait_move_task(
+                dlq.sqs, dlq_arn=dlq_arn, task_handle=handle, snapshot=snapshot, rate_per_s=rate, progress=progress
+            )
             progress.finish(result.moved)
             return _report(result, f"redrive to {target}")
         print("the endpoint has no StartMessageMoveTask: moving by receive, send, delete", file=sys.stderr)
-    result = redrive_by_receiving(dlq, limiter=RateLimiter(args.rate), progress=progress, limit=args.limit)
+    result = redrive_by_receiving(
+        dlq, limiter=RateLimiter(args.rate), snapshot=snapshot, progress=progress, limit=args.limit
+    )
     progress.finish(result.moved, len(result.failed))
     return _report(result, f"redrive to {target}")
 

@@ -11,7 +11,7 @@ import hashlib
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from worker.errors import ConfigError, QueueUnavailable
+from worker.errors import ConfigError
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
@@ -79,15 +79,14 @@ def render_schedule(schedule: Schedule, now: datetime, count: int) -> str:
 
 
 def cmd_fire(args: argparse.Namespace) -> int:
-    import boto3
-
+    from worker.aws import sync_client
     from worker.schedules import find_schedule, format_scheduled_time
-    from worker.settings import aws_region, load_settings
+    from worker.settings import load_settings
 
     schedule = find_schedule(_schedules(args.file), args.name)
     scheduled = _scheduled_time(schedule, args.at)
     settings = load_settings()
-    client = boto3.client("sqs", region_name=aws_region())
+    client = sync_client("sqs")
     message_id = send_scheduled(client, settings.queue, schedule, scheduled)
     print(f"{schedule.name} fired for {format_scheduled_time(scheduled)}: message {message_id}")
     return 0
@@ -123,11 +122,12 @@ def send_scheduled(client: SQSClient, queue: str, schedule: Schedule, scheduled:
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from worker.aws import resolve_queue_url_sync, translate
     from worker.names import queue_name_of
 
     body = schedule.message_body(scheduled)
+    queue_url = resolve_queue_url_sync(client, queue)
     try:
-        queue_url = queue if queue.startswith(("http://", "https://")) else _queue_url(client, queue)
         extra: dict[str, str] = {}
         if queue_name_of(queue_url).endswith(".fifo"):
             extra = {
@@ -135,13 +135,8 @@ def send_scheduled(client: SQSClient, queue: str, schedule: Schedule, scheduled:
                 "MessageDeduplicationId": hashlib.sha256(body.encode("utf-8")).hexdigest(),
             }
         response = client.send_message(QueueUrl=queue_url, MessageBody=body, **extra)  # type: ignore[arg-type]
-    except (BotoCoreError, OSError) as exc:
-        raise QueueUnavailable(f"SendMessage failed: {exc}") from exc
-    except ClientError as exc:
-        raise ConfigError(f"SendMessage refused: {exc}") from exc
+    except (BotoCoreError, ClientError, OSError) as exc:
+        raise translate(
+            exc, "SendMessage", resource=queue_name_of(queue_url), endpoint=client.meta.endpoint_url
+        ) from exc
     return response["MessageId"]
-
-
-def _queue_url(client: SQSClient, name: str) -> str:
-    url: str = client.get_queue_url(QueueName=name)["QueueUrl"]
-    return url

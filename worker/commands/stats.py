@@ -13,9 +13,10 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from worker.dlq import resolve_dlq_url, resolve_queue_url, sqs_client
+from worker.aws import resolve_queue_url_sync, sync_client
+from worker.dlq import resolve_dlq_url
 from worker.errors import ConfigError
-from worker.settings import aws_region, load_settings
+from worker.settings import load_settings
 from worker.stats import MetricStatistics, format_stats, queue_stats, stats_json
 
 
@@ -34,11 +35,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _cloudwatch() -> MetricStatistics:
-    import boto3
-    from botocore.config import Config
-
-    config = Config(connect_timeout=5, read_timeout=10, retries={"mode": "standard", "total_max_attempts": 2})
-    client: MetricStatistics = boto3.client("cloudwatch", region_name=aws_region(), config=config)
+    client: MetricStatistics = sync_client("cloudwatch", read_timeout_s=10)
     return client
 
 
@@ -46,9 +43,9 @@ def run(args: argparse.Namespace) -> int:
     if args.interval_s <= 0:
         raise ConfigError("--interval-s must be > 0")
     settings = load_settings()
-    sqs = sqs_client()
+    sqs = sync_client("sqs")
     cloudwatch = _cloudwatch()
-    queue_url = resolve_queue_url(sqs, settings.queue)
+    queue_url = resolve_queue_url_sync(sqs, settings.queue)
     dlq_url = resolve_dlq_url(sqs, queue_url, settings.dead_letter_queue)
     refreshes = args.count if args.count is not None else (None if args.watch else 1)
     done = 0

@@ -2,8 +2,8 @@
 
 Prints the ledger record: state (RUNNING, RETRY_PENDING, LEASE_LAPSED, COMPLETED, FAILED, EXPIRED), attempts,
 last error, progress, result, owner and lease. The table is WORKER_IDEMPOTENCY_TABLE unless --table is given.
-Exit code 0 when a record exists, 3 when there is none (never claimed, or expired and swept), 1 when the table
-cannot be read, 2 on a configuration error.
+Exit code 0 when a record exists, 3 when there is none (never claimed, or expired and swept), 2 when the table
+cannot be read (unreachable endpoint, refused credentials, no access, no such table) or on a configuration error.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
-
+from worker.aws import async_client
+from worker.budgets import NO_RETRY
 from worker.errors import ConfigError
 from worker.idempotency import Ledger, Record, storage_key
-from worker.settings import aws_region, load_settings
+from worker.settings import load_settings
 
 #: The command reads the ledger only; WORKER_QUEUE need not be set where it runs.
 _NO_QUEUE = "(not used by the status command)"
@@ -61,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def fetch(table: str, key: str) -> Record | None:
-    config = AioConfig(connect_timeout=5, read_timeout=10, retries={"mode": "standard", "total_max_attempts": 3})
-    async with get_session().create_client("dynamodb", region_name=aws_region(), config=config) as client:
-        return await Ledger(client, table, owner="sqs-worker-status").get(key)
+    """One read; botocore's CLI attempts are its only retries."""
+    async with async_client("dynamodb") as client:
+        return await Ledger(client, table, owner="sqs-worker-status", budget=NO_RETRY).get(key)
 
 
 def format_record(record: Record, now_ms: int) -> str:

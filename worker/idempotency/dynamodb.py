@@ -4,8 +4,10 @@ Items are exchanged with the ledger as plain Python values (str, int, float, Non
 when integral. Condition expressions are composed from the named fragments in CONDITIONS, so each rule reads
 as words (``any_of(cond("absent"), all_of("unexpired", "same_payload", ...))``) and is tested once.
 
-Every botocore or connection error becomes LedgerUnavailable (fail closed); a failed condition is not an
-error but a WriteResult with ``ok=False`` and the item as it was (ReturnValuesOnConditionCheckFailure=ALL_OLD).
+Transport failures are retried as the store's budget allows (``worker.budgets.LEDGER``: about 5 s); then every
+botocore or connection error becomes LedgerUnavailable (fail closed), worded by the edge's one error table
+(``worker.aws``). A failed condition is not an error but a WriteResult with ``ok=False`` and the item as it was
+(ReturnValuesOnConditionCheckFailure=ALL_OLD).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
+from worker.aws import call_with_budget, translate
+from worker.budgets import LEDGER, Budget
 from worker.errors import LedgerUnavailable
 
 if TYPE_CHECKING:
@@ -149,15 +153,19 @@ def _placeholders(expressions: Sequence[str], values: Mapping[str, object]) -> d
 class DynamoDBStore:
     """Reads and conditional writes of ledger items in one table, through an injected aiobotocore client."""
 
-    def __init__(self, client: DynamoDBClient, table_name: str) -> None:
+    def __init__(self, client: DynamoDBClient, table_name: str, *, budget: Budget = LEDGER) -> None:
         self._client = client
         self.table_name = table_name
+        self._budget = budget
 
     async def get(self, key: str) -> dict[str, object] | None:
         """The item (strongly consistent read), or None."""
         try:
-            response = await self._client.get_item(
-                TableName=self.table_name, Key={KEY_ATTRIBUTE: {"S": key}}, ConsistentRead=True
+            response = await call_with_budget(
+                lambda: self._client.get_item(
+                    TableName=self.table_name, Key={KEY_ATTRIBUTE: {"S": key}}, ConsistentRead=True
+                ),
+                budget=self._budget,
             )
         except ClientError as exc:
             raise self._unavailable("GetItem", exc) from exc
@@ -172,14 +180,17 @@ class DynamoDBStore:
         update_text, update_values = update.expression()
         arguments = _placeholders([update_text, condition], {**values, **update_values})
         try:
-            response = await self._client.update_item(
-                TableName=self.table_name,
-                Key={KEY_ATTRIBUTE: {"S": key}},
-                UpdateExpression=update_text,
-                ConditionExpression=condition,
-                ReturnValues="ALL_NEW" if return_new else "NONE",
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                **arguments,
+            response = await call_with_budget(
+                lambda: self._client.update_item(
+                    TableName=self.table_name,
+                    Key={KEY_ATTRIBUTE: {"S": key}},
+                    UpdateExpression=update_text,
+                    ConditionExpression=condition,
+                    ReturnValues="ALL_NEW" if return_new else "NONE",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                    **arguments,
+                ),
+                budget=self._budget,
             )
         except ClientError as exc:
             return self._condition_failed(exc, "UpdateItem")
@@ -191,12 +202,15 @@ class DynamoDBStore:
         """One conditional PutItem replacing the whole item. ``ok=False`` with the old item when refused."""
         arguments = _placeholders([condition], values)
         try:
-            await self._client.put_item(
-                TableName=self.table_name,
-                Item={name: encode_value(value) for name, value in item.items() if value is not None},
-                ConditionExpression=condition,
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                **arguments,
+            await call_with_budget(
+                lambda: self._client.put_item(
+                    TableName=self.table_name,
+                    Item={name: encode_value(value) for name, value in item.items() if value is not None},
+                    ConditionExpression=condition,
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                    **arguments,
+                ),
+                budget=self._budget,
             )
         except ClientError as exc:
             return self._condition_failed(exc, "PutItem")
@@ -211,15 +225,14 @@ class DynamoDBStore:
         return WriteResult(False, decode_item(old if isinstance(old, Mapping) else None))
 
     def _unavailable(self, operation: str, exc: Exception) -> LedgerUnavailable:
-        if isinstance(exc, ClientError):
-            code = exc.response.get("Error", {}).get("Code", "?")
-            hint = " (run `sqs-worker bootstrap` to create it)" if code == "ResourceNotFoundException" else ""
-            return LedgerUnavailable(f"{operation} on table {self.table_name!r} failed: {code}{hint}")
-        return LedgerUnavailable(f"{operation} on table {self.table_name!r} failed: {type(exc).__name__}: {exc}")
+        """Every failure of a running ledger is LedgerUnavailable (fail closed), worded by the edge's table."""
+        return LedgerUnavailable(str(translate(exc, operation, service="dynamodb", resource=self.table_name)))
 
 
 async def create_table(client: DynamoDBClient, name: str, *, wait_s: float = 120.0) -> bool:
     """Create the ledger table (on-demand billing, partition key ``key`` (S), TTL on ``expiration``).
+
+    Failures are translated by the edge's table: ConfigError (credentials, access), LedgerUnavailable (the rest).
 
     Idempotent: an existing table is left as is, and TTL is enabled on it when it is not yet. Returns whether
     the table was created. Waits (at most ``wait_s``) until the table is ACTIVE before enabling TTL.
@@ -234,10 +247,10 @@ async def create_table(client: DynamoDBClient, name: str, *, wait_s: float = 120
         )
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") != "ResourceInUseException":
-            raise LedgerUnavailable(f"cannot create table {name!r}: {exc}") from exc
+            raise translate(exc, "CreateTable", service="dynamodb", resource=name) from exc
         created = False
     except _CONNECTION_ERRORS as exc:
-        raise LedgerUnavailable(f"cannot create table {name!r}: {type(exc).__name__}: {exc}") from exc
+        raise translate(exc, "CreateTable", service="dynamodb", resource=name) from exc
     try:
         delay_s = 1.0
         waiter = client.get_waiter("table_exists")
@@ -251,5 +264,5 @@ async def create_table(client: DynamoDBClient, name: str, *, wait_s: float = 120
                 TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE}
             )
     except (ClientError, *_CONNECTION_ERRORS) as exc:
-        raise LedgerUnavailable(f"cannot enable TTL on table {name!r}: {type(exc).__name__}: {exc}") from exc
+        raise translate(exc, "UpdateTimeToLive", service="dynamodb", resource=name) from exc
     return created

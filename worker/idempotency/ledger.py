@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
+from worker.budgets import LEDGER, Budget
 from worker.errors import LedgerUnavailable
 from worker.idempotency.dynamodb import DynamoDBStore, Update, all_of, any_of, cond
 
@@ -270,12 +271,13 @@ class Ledger:
         result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES,
         ttl_s: int = DEFAULT_TTL_S,
         progress_min_interval_s: float = 5.0,
+        budget: Budget = LEDGER,
     ) -> None:
         if not owner:
             raise ValueError("owner must not be empty")
         if ttl_s <= 0 or result_max_bytes < 0 or progress_min_interval_s < 0:
             raise ValueError("ttl_s must be > 0; result_max_bytes and progress_min_interval_s >= 0")
-        self._store = DynamoDBStore(client, table_name)
+        self._store = DynamoDBStore(client, table_name, budget=budget)
         self.table_name = table_name
         self.owner = owner
         self._clock = clock
