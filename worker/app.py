@@ -18,12 +18,18 @@ from worker.errors import ConfigError, QueueUnavailable
 from worker.events import Observers
 from worker.jobs import Registry
 from worker.names import default_dlq_name, queue_name_of
-from worker.runtime import RuntimeOptions, Worker
+from worker.runtime import RuntimeOptions, Worker, receive_loops
 from worker.settings import WorkerSettings, aws_region
 from worker.sqs import Queue, is_transient, redrive_target_url, resolve_queue_url
 
 if TYPE_CHECKING:
     from types_aiobotocore_sqs import SQSClient
+
+
+#: A connection that SQS does not accept within this is given up (the call is retried on a new one).
+CONNECT_TIMEOUT_S = 3
+#: Beyond the long poll's wait: an answer later than this is given up as a stalled connection.
+READ_TIMEOUT_MARGIN_S = 5
 
 
 def worker_id() -> str:
@@ -32,11 +38,10 @@ def worker_id() -> str:
 
 
 def client_config(settings: WorkerSettings) -> AioConfig:
-    loops = max(1, -(-settings.concurrency // 10))
     return AioConfig(
-        max_pool_connections=loops + 16,
-        connect_timeout=5,
-        read_timeout=settings.poll_wait_s + 15,
+        max_pool_connections=receive_loops(settings.concurrency) + 16,
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=settings.poll_wait_s + READ_TIMEOUT_MARGIN_S,
         retries={"mode": "standard", "total_max_attempts": 3},
     )
 

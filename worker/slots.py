@@ -1,9 +1,11 @@
 """Handler slots: how many more messages this worker may hold. Receive loops reserve slots before they
-ask SQS for messages, so a worker never takes more than it can start at once."""
+ask SQS for messages, so a worker never takes more than it can start at once; messages that arrived without a
+slot (a slow receive whose slots went to another loop) wait for one ahead of any new receive."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 
 class Slots:
@@ -16,21 +18,60 @@ class Slots:
         self.free = total
         self._available = asyncio.Event()
         self._available.set()
+        self._waiters: deque[asyncio.Future[None]] = deque()
 
     async def reserve(self, most: int) -> int:
-        """Wait until at least one slot is free, then take up to ``most`` of them."""
-        while self.free == 0:
+        """Wait until at least one slot is free and no message waits for one, then take up to ``most``."""
+        while self.free == 0 or self._waiters:
             self._available.clear()
             await self._available.wait()
         taken = min(most, self.free)
         self.free -= taken
         return taken
 
+    def take(self, most: int) -> int:
+        """Take up to ``most`` free slots without waiting (possibly none)."""
+        taken = min(most, self.free)
+        self.free -= taken
+        return taken
+
+    async def acquire(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for one slot, ahead of ``reserve``. True when it was taken."""
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout=timeout_s)
+        except TimeoutError:
+            self._forsake(waiter)
+            return False
+        except asyncio.CancelledError:
+            self._forsake(waiter)
+            raise
+        return True
+
+    def _forsake(self, waiter: asyncio.Future[None]) -> None:
+        if waiter.done():  # handed a slot in the same instant: give it back
+            self.release(1)
+        else:
+            waiter.cancel()
+            self._waiters.remove(waiter)
+            self._wake()
+
     def release(self, count: int = 1) -> None:
         if count <= 0:
             return
         self.free = min(self.total, self.free + count)
-        self._available.set()
+        while self.free > 0 and self._waiters:
+            self.free -= 1
+            self._waiters.popleft().set_result(None)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.free > 0 and not self._waiters:
+            self._available.set()
 
     @property
     def in_use(self) -> int:
