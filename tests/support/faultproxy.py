@@ -17,6 +17,7 @@ fault-free baseline.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import random
@@ -149,10 +150,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _drop(self) -> None:
         """Close the client's connection without an answer."""
         self.close_connection = True
-        try:
+        with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
     def _connect(self) -> http.client.HTTPConnection:
         proxy = self.server.proxy
