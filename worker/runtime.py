@@ -189,15 +189,21 @@ class Worker:
         stopping = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait({slot, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            await self._release_unplaced(message)
+            raise
         finally:
             stopping.cancel()
-            if not slot.done():
-                slot.cancel()  # Slots gives back a slot handed over in the same instant
-        if slot.done() and not slot.cancelled() and slot.result():
+            slot.cancel()  # no-op when it is done; else Slots takes back a slot handed over in the same instant
+        (got_slot,) = await asyncio.gather(slot, return_exceptions=True)
+        if got_slot is True:
             if not self._stopping:
                 self._accept(message)
                 return
             self._slots.release(1)
+        await self._release_unplaced(message)
+
+    async def _release_unplaced(self, message: Message) -> None:
         now = time.monotonic()
         held = Held(message, received_at=now, visible_until=now + self.options.visibility_timeout_s)
         await asyncio.shield(self.outcomes.release(held, delay_s=0, reason="no free slot after a slow receive"))

@@ -18,7 +18,7 @@ class Slots:
         self.free = total
         self._available = asyncio.Event()
         self._available.set()
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[asyncio.Future[bool]] = deque()
 
     async def reserve(self, most: int) -> int:
         """Wait until at least one slot is free and no message waits for one, then take up to ``most``."""
@@ -40,25 +40,31 @@ class Slots:
         if self.free > 0 and not self._waiters:
             self.free -= 1
             return True
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
         self._waiters.append(waiter)
+        timer = loop.call_later(timeout_s, self._expire, waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout=timeout_s)
-        except TimeoutError:
-            self._forsake(waiter)
-            return False
+            return await waiter
         except asyncio.CancelledError:
-            self._forsake(waiter)
+            if waiter.done() and not waiter.cancelled():
+                if waiter.result():  # handed a slot in the same instant: give it back
+                    self.release(1)
+            else:
+                self._drop(waiter)
             raise
-        return True
+        finally:
+            timer.cancel()
 
-    def _forsake(self, waiter: asyncio.Future[None]) -> None:
-        if waiter.done():  # handed a slot in the same instant: give it back
-            self.release(1)
-        else:
-            waiter.cancel()
+    def _expire(self, waiter: asyncio.Future[bool]) -> None:
+        if not waiter.done():
+            self._drop(waiter)
+            waiter.set_result(False)
+
+    def _drop(self, waiter: asyncio.Future[bool]) -> None:
+        if waiter in self._waiters:
             self._waiters.remove(waiter)
-            self._wake()
+        self._wake()
 
     def release(self, count: int = 1) -> None:
         if count <= 0:
@@ -66,7 +72,7 @@ class Slots:
         self.free = min(self.total, self.free + count)
         while self.free > 0 and self._waiters:
             self.free -= 1
-            self._waiters.popleft().set_result(None)
+            self._waiters.popleft().set_result(True)
         self._wake()
 
     def _wake(self) -> None:

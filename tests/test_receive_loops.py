@@ -1,0 +1,68 @@
+"""Receive loops: the slot accounting they share, their backoff after a failed receive, and how many there are."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from worker.runtime import RECEIVE_BACKOFF_MAX_S, receive_backoff_s, receive_loops
+from worker.slots import Slots
+
+
+@pytest.mark.parametrize(("concurrency", "loops"), [(1, 4), (10, 4), (11, 5), (20, 5), (1000, 103)])
+def test_one_receive_loop_per_ten_slots_plus_spares(concurrency: int, loops: int) -> None:
+    assert receive_loops(concurrency) == loops
+
+
+def test_the_first_backoff_is_short_and_grows_only_on_repeated_failure() -> None:
+    rng = random.Random(1)
+    first = [receive_backoff_s(failures=1, rng=rng) for _ in range(200)]
+    assert min(first) >= 0.05 and max(first) <= 0.1
+    assert len({round(s, 4) for s in first}) > 100, "jittered"
+    assert all(0.4 <= receive_backoff_s(failures=4, rng=rng) <= 0.8 for _ in range(50))
+    assert all(RECEIVE_BACKOFF_MAX_S / 2 <= receive_backoff_s(failures=n, rng=rng) <= 20 for n in (9, 50, 10**6))
+
+
+async def test_a_waiting_message_gets_the_next_slot_before_a_new_receive() -> None:
+    slots = Slots(2)
+    assert await slots.reserve(10) == 2
+    waiting = asyncio.create_task(slots.acquire(timeout_s=5))
+    receiving = asyncio.create_task(slots.reserve(10))
+    await asyncio.sleep(0)
+    slots.release(1)
+    assert await waiting is True
+    await asyncio.sleep(0)
+    assert not receiving.done(), "no new receive while the slot went to the waiting message"
+    slots.release(1)
+    assert await asyncio.wait_for(receiving, timeout=1) == 1
+
+
+async def test_a_message_gives_up_waiting_for_a_slot_after_its_timeout() -> None:
+    slots = Slots(1)
+    await slots.reserve(1)
+    assert await slots.acquire(timeout_s=0.01) is False
+    slots.release(1)
+    assert slots.free == 1
+    assert await asyncio.wait_for(slots.reserve(5), timeout=1) == 1
+
+
+async def test_a_cancelled_wait_leaves_no_slot_behind() -> None:
+    slots = Slots(1)
+    await slots.reserve(1)
+    waiting = asyncio.create_task(slots.acquire(timeout_s=5))
+    await asyncio.sleep(0)
+    slots.release(1)  # handed to the waiter...
+    waiting.cancel()  # ...which is cancelled before it runs: the slot must come back
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert slots.free == 1
+
+
+def test_take_never_waits_and_never_overdraws() -> None:
+    slots = Slots(3)
+    assert slots.take(2) == 2
+    assert slots.take(5) == 1
+    assert slots.take(1) == 0
+    assert slots.free == 0
