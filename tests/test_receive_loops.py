@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+from typing import Any, cast
 
 import pytest
 
-from worker.runtime import RECEIVE_BACKOFF_MAX_S, receive_backoff_s, receive_loops
+from worker.batching import EntryFailed
+from worker.jobs import Registry
+from worker.runtime import RECEIVE_BACKOFF_MAX_S, RuntimeOptions, Worker, receive_backoff_s, receive_loops
 from worker.slots import Slots
+from worker.sqs import Message, Queue
 
 
 @pytest.mark.parametrize(("concurrency", "loops"), [(1, 4), (10, 4), (11, 5), (20, 5), (1000, 103)])
@@ -66,3 +71,60 @@ def test_take_never_waits_and_never_overdraws() -> None:
     assert slots.take(5) == 1
     assert slots.take(1) == 0
     assert slots.free == 0
+
+
+class StalledSecondReceive(Queue):
+    """A queue whose second receive never answers (a stalled connection); every other one brings one message."""
+
+    def __init__(self) -> None:
+        super().__init__(cast(Any, None), "http://127.0.0.1:1/000000000000/stalled")
+        self.stalled = asyncio.Event()
+        self.deleted: list[str] = []
+        self._calls = 0
+
+    async def receive(self, *, max_messages: int, wait_s: int, visibility_timeout_s: int) -> list[Message]:
+        self._calls += 1
+        if self._calls == 2:
+            self.stalled.set()
+            await asyncio.Event().wait()  # never answers; cancelled at shutdown
+        n = self._calls
+        body = json.dumps({"type": "mark", "payload": {"n": n}})
+        return [Message(f"id-{n}", f"handle-{n}", body, {"ApproximateReceiveCount": "1"}, {})]
+
+    async def _delete_batch(self, handles: list[str]) -> dict[int, EntryFailed]:
+        self.deleted.extend(handles)
+        return {}
+
+    async def _visibility_batch(self, items: list[tuple[str, int]]) -> dict[int, EntryFailed]:
+        return {}
+
+
+async def test_a_stalled_receive_does_not_idle_the_slots() -> None:
+    """Concurrency 1: the one slot's receive stalls; another loop takes the slot and the next job runs."""
+    registry = Registry()
+    ran: list[int] = []
+    two_ran = asyncio.Event()
+
+    @registry.job("mark")
+    async def mark(payload: dict[str, int]) -> None:
+        ran.append(payload["n"])
+        if len(ran) == 2:
+            two_ran.set()
+
+    queue = StalledSecondReceive()
+    worker = Worker(
+        registry=registry,
+        queue=queue,
+        dlq=StalledSecondReceive(),
+        options=RuntimeOptions(concurrency=1, visibility_timeout_s=30, shutdown_grace_s=5, poll_wait_s=20),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await asyncio.wait_for(two_ran.wait(), timeout=5)
+        assert queue.stalled.is_set()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    assert ran[:2] == [1, 3]
+    assert queue.deleted[:2] == ["handle-1", "handle-3"]

@@ -187,21 +187,22 @@ class Worker:
         or the worker stops."""
         slot = asyncio.ensure_future(self._slots.acquire(self.options.visibility_timeout_s * EXTEND_BELOW_SHARE))
         stopping = asyncio.ensure_future(stop.wait())
+        cancelled = False
         try:
             await asyncio.wait({slot, stopping}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            await self._release_unplaced(message)
-            raise
-        finally:
-            stopping.cancel()
-            slot.cancel()  # no-op when it is done; else Slots takes back a slot handed over in the same instant
+            cancelled = True
+        stopping.cancel()
+        slot.cancel()  # no-op when it is done; else Slots takes back a slot handed over in the same instant
         (got_slot,) = await asyncio.gather(slot, return_exceptions=True)
         if got_slot is True:
-            if not self._stopping:
+            if not (cancelled or self._stopping):
                 self._accept(message)
                 return
             self._slots.release(1)
         await self._release_unplaced(message)
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _release_unplaced(self, message: Message) -> None:
         now = time.monotonic()
