@@ -24,6 +24,12 @@ if TYPE_CHECKING:
     from types_aiobotocore_sqs import SQSClient
 
 
+#: A connection that SQS does not accept within this is given up (the call is retried on a new one).
+CONNECT_TIMEOUT_S = 3
+#: Beyond the long poll's wait: an answer later than this is given up as a stalled connection.
+READ_TIMEOUT_MARGIN_S = 5
+
+
 def worker_id() -> str:
     """Names this process in leases and logs: host, pid and a random suffix."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

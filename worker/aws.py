@@ -63,7 +63,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 #: Seconds to open a connection; a read waits longer (a long poll holds the request up to 20 s).
-CONNECT_TIMEOUT_S = 5
+CONNECT_TIMEOUT_S = 3
+#: The worker's read timeout is the long poll's wait plus this: a stalled connection frees its loop soon after.
+READ_TIMEOUT_MARGIN_S = 5
 #: Read timeout of the CLI's calls.
 CLI_READ_TIMEOUT_S = 30
 #: Longest error text kept from an endpoint's answer (one short line).
@@ -280,9 +282,14 @@ def client_config(settings: WorkerSettings) -> AioConfig:
     timeout above the long poll, a connection per receive loop plus room for batches and the ledger."""
     from aiobotocore.config import AioConfig
 
-    loops = max(1, -(-settings.concurrency // 10))
+    from worker.slots import receive_loops
+
     return AioConfig(
-        **_options(read_timeout_s=settings.poll_wait_s + 15, attempts=WORKER_BOTOCORE_ATTEMPTS, pool=loops + 16)
+        **_options(
+            read_timeout_s=settings.poll_wait_s + READ_TIMEOUT_MARGIN_S,
+            attempts=WORKER_BOTOCORE_ATTEMPTS,
+            pool=receive_loops(settings.concurrency) + 16,
+        )
     )
 
 

@@ -25,12 +25,12 @@ from worker.budgets import RECEIVE, retry_delay_s
 from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable
 from worker.events import Kind, Observers
 from worker.execution import PreparedJob, build_context, call_handler, prepare, result_for_ledger
-from worker.heartbeat import Heartbeat
+from worker.heartbeat import EXTEND_BELOW_SHARE, Heartbeat
 from worker.held import Connectivity, Held
 from worker.jobs import Registry
 from worker.outcomes import Outcomes
 from worker.policy import BUG, PERMANENT, Action, classify_failure, describe_error, error_text
-from worker.slots import Slots
+from worker.slots import Slots, receive_loops
 from worker.sqs import Message, Queue
 
 if TYPE_CHECKING:
@@ -42,6 +42,8 @@ log = logging.getLogger("worker")
 LEDGER_RETRY_S = 10
 #: How long a message waits before another try after an internal error of the worker.
 INTERNAL_ERROR_RETRY_S = 30
+#: A receive still unanswered after this gives its slots back to the other receive loops (see _receive_loop).
+HEDGE_AFTER_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ class Worker:
         self._groups: dict[str, deque[Held]] = {}
         self._jobs: set[asyncio.Task[Any]] = set()
         self._stopping = False
+        #: The last receive brought messages: a slow receive now is trouble, not a long poll on an empty queue.
+        self._queue_busy = False
         #: Threads for plain ``def`` handlers: one per slot, so no sync job waits for a thread while its timeout runs.
         self._executor = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="sqs-worker-job")
         self._sqs = Connectivity("sqs", self.observers)
@@ -100,7 +104,7 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set, then shut down cleanly. Raises the error that stopped it, if any."""
-        loops = max(1, math.ceil(self.options.concurrency / 10))
+        loops = receive_loops(self.options.concurrency)
         receivers = [asyncio.create_task(self._receive_loop(stop), name=f"receive-{i}") for i in range(loops)]
         heartbeat = asyncio.create_task(self.heartbeat.run(), name="heartbeat")
         log.info(
@@ -119,46 +123,85 @@ class Worker:
             raise self.fatal
 
     async def _receive_loop(self, stop: asyncio.Event) -> None:
-        failures = 0  # failed receives in a row: the RECEIVE budget of worker.budgets spaces the next try
+        """Receive for free slots until stopping. While the queue is busy (the last receive brought messages), a
+        receive unanswered after ``HEDGE_AFTER_S`` (an endpoint erring, retrying or stalled) gives its slots back so
+        another loop can use them; what it brings back later takes the slots still free, the rest waits for one
+        (``_place_later``). A failed receive pauses its loop by the RECEIVE budget of ``worker.budgets``."""
+        failures = 0  # failed receives in a row
         while not self._stopping:
             reserved = await self._slots.reserve(10)
-            try:
-                messages = await self.queue.receive(
+            lent = False
+            receive = asyncio.ensure_future(
+                self.queue.receive(
                     max_messages=reserved,
                     wait_s=self.options.poll_wait_s,
                     visibility_timeout_s=self.options.visibility_timeout_s,
                 )
-            except QueueUnavailable as exc:
-                self._slots.release(reserved)
+            )
+            try:
+                done, _ = await asyncio.wait({receive}, timeout=HEDGE_AFTER_S if self._queue_busy else None)
+                if not done:
+                    self._slots.release(reserved)
+                    lent = True
+                messages = await receive
+            except Exception as exc:
+                if not lent:
+                    self._slots.release(reserved)
+                if isinstance(exc, ConfigError):
+                    self.fatal = exc
+                    stop.set()
+                    return
+                if not isinstance(exc, QueueUnavailable):  # a receive loop must never die silently
+                    log.exception("unexpected error while receiving; backing off")
                 self._sqs.down(exc)
                 failures += 1
-                await _wait_for(stop, self._receive_backoff_s(failures))
+                await _wait_for(stop, receive_backoff_s(failures=failures, rng=self._rng))
                 continue
-            except ConfigError as exc:
-                self._slots.release(reserved)
-                self.fatal = exc
-                stop.set()
-                return
             except asyncio.CancelledError:
-                self._slots.release(reserved)
+                receive.cancel()
+                if not lent:
+                    self._slots.release(reserved)
                 raise
-            except Exception as exc:  # a receive loop must never die silently
-                self._slots.release(reserved)
-                log.exception("unexpected error while receiving; backing off")
-                self._sqs.down(exc)
-                failures += 1
-                await _wait_for(stop, self._receive_backoff_s(failures))
-                continue
             failures = 0
             self._sqs.up()
-            self._slots.release(reserved - len(messages))
-            for message in messages:
+            self._queue_busy = bool(messages)
+            if lent:
+                placed = self._slots.take(len(messages))
+            else:
+                placed = len(messages)
+                self._slots.release(reserved - placed)
+            for message in messages[:placed]:
                 self._accept(message)
+            for message in messages[placed:]:
+                self._spawn(self._place_later(message, stop))
 
-    def _receive_backoff_s(self, failures: int) -> float:
-        delay_s = retry_delay_s(budget=RECEIVE, failures=failures, elapsed_s=0.0, jitter=self._rng.random())
-        assert delay_s is not None  # the RECEIVE budget never gives up
-        return delay_s
+    async def _place_later(self, message: Message, stop: asyncio.Event) -> None:
+        """A message a slow receive brought back after its slots went to another loop: it waits for a slot (ahead
+        of new receives) for at most half its claim, and is released at once (visibility 0) if none comes first
+        or the worker stops."""
+        slot = asyncio.ensure_future(self._slots.acquire(self.options.visibility_timeout_s * EXTEND_BELOW_SHARE))
+        stopping = asyncio.ensure_future(stop.wait())
+        cancelled = False
+        try:
+            await asyncio.wait({slot, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            cancelled = True
+        stopping.cancel()
+        slot.cancel()  # no-op when it is done; else Slots takes back a slot handed over in the same instant
+        (got_slot,) = await asyncio.gather(slot, return_exceptions=True)
+        if got_slot is True:
+            if not (cancelled or self._stopping):
+                self._accept(message)
+                return
+            self._slots.release(1)
+        await self._release_unplaced(message)
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _release_unplaced(self, message: Message) -> None:
+        now = time.monotonic()
+        held = Held(message, received_at=now, visible_until=now + self.options.visibility_timeout_s)
+        await asyncio.shield(self.outcomes.release(held, delay_s=0, reason="no free slot after a slow receive"))
 
     def _accept(self, message: Message) -> None:
         now = time.monotonic()
@@ -448,6 +491,14 @@ class Worker:
     @property
     def in_flight(self) -> int:
         return len(self._held)
+
+
+def receive_backoff_s(*, failures: int, rng: random.Random) -> float:
+    """Pause after ``failures`` failed receives in a row: the RECEIVE budget (50-100% of 0.1 s doubling, at most
+    20 s, never giving up)."""
+    delay_s = retry_delay_s(budget=RECEIVE, failures=failures, elapsed_s=0.0, jitter=rng.random())
+    assert delay_s is not None  # the RECEIVE budget never gives up
+    return delay_s
 
 
 async def _wait_for(event: asyncio.Event, timeout_s: float) -> None:

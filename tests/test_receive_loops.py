@@ -1,0 +1,131 @@
+"""Receive loops: the slot accounting they share, their backoff after a failed receive, and how many there are."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Any, cast
+
+import pytest
+
+from worker.batching import EntryFailed
+from worker.budgets import RECEIVE
+from worker.jobs import Registry
+from worker.runtime import RuntimeOptions, Worker, receive_backoff_s
+from worker.slots import Slots, receive_loops
+from worker.sqs import Message, Queue
+
+
+@pytest.mark.parametrize(("concurrency", "loops"), [(1, 4), (10, 4), (11, 5), (20, 5), (1000, 103)])
+def test_one_receive_loop_per_ten_slots_plus_spares(concurrency: int, loops: int) -> None:
+    assert receive_loops(concurrency) == loops
+
+
+def test_the_first_backoff_is_short_and_grows_only_on_repeated_failure() -> None:
+    rng = random.Random(1)
+    first = [receive_backoff_s(failures=1, rng=rng) for _ in range(200)]
+    assert min(first) >= 0.05 and max(first) <= 0.1
+    assert len({round(s, 4) for s in first}) > 100, "jittered"
+    assert all(0.4 <= receive_backoff_s(failures=4, rng=rng) <= 0.8 for _ in range(50))
+    assert all(RECEIVE.max_delay_s / 2 <= receive_backoff_s(failures=n, rng=rng) <= 20 for n in (9, 50, 10**6))
+
+
+async def test_a_waiting_message_gets_the_next_slot_before_a_new_receive() -> None:
+    slots = Slots(2)
+    assert await slots.reserve(10) == 2
+    waiting = asyncio.create_task(slots.acquire(timeout_s=5))
+    receiving = asyncio.create_task(slots.reserve(10))
+    await asyncio.sleep(0)
+    slots.release(1)
+    assert await waiting is True
+    await asyncio.sleep(0)
+    assert not receiving.done(), "no new receive while the slot went to the waiting message"
+    slots.release(1)
+    assert await asyncio.wait_for(receiving, timeout=1) == 1
+
+
+async def test_a_message_gives_up_waiting_for_a_slot_after_its_timeout() -> None:
+    slots = Slots(1)
+    await slots.reserve(1)
+    assert await slots.acquire(timeout_s=0.01) is False
+    slots.release(1)
+    assert slots.free == 1
+    assert await asyncio.wait_for(slots.reserve(5), timeout=1) == 1
+
+
+async def test_a_cancelled_wait_leaves_no_slot_behind() -> None:
+    slots = Slots(1)
+    await slots.reserve(1)
+    waiting = asyncio.create_task(slots.acquire(timeout_s=5))
+    await asyncio.sleep(0)
+    slots.release(1)  # handed to the waiter...
+    waiting.cancel()  # ...which is cancelled before it runs: the slot must come back
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert slots.free == 1
+
+
+def test_take_never_waits_and_never_overdraws() -> None:
+    slots = Slots(3)
+    assert slots.take(2) == 2
+    assert slots.take(5) == 1
+    assert slots.take(1) == 0
+    assert slots.free == 0
+
+
+class StalledSecondReceive(Queue):
+    """A queue whose second receive never answers (a stalled connection); every other one brings one message."""
+
+    def __init__(self) -> None:
+        super().__init__(cast(Any, None), "http://127.0.0.1:1/000000000000/stalled")
+        self.stalled = asyncio.Event()
+        self.deleted: list[str] = []
+        self._calls = 0
+
+    async def receive(self, *, max_messages: int, wait_s: int, visibility_timeout_s: int) -> list[Message]:
+        self._calls += 1
+        if self._calls == 2:
+            self.stalled.set()
+            await asyncio.Event().wait()  # never answers; cancelled at shutdown
+        n = self._calls
+        body = json.dumps({"type": "mark", "payload": {"n": n}})
+        return [Message(f"id-{n}", f"handle-{n}", body, {"ApproximateReceiveCount": "1"}, {})]
+
+    async def _delete_batch(self, handles: list[str]) -> dict[int, EntryFailed]:
+        self.deleted.extend(handles)
+        return {}
+
+    async def _visibility_batch(self, items: list[tuple[str, int]]) -> dict[int, EntryFailed]:
+        return {}
+
+
+async def test_a_stalled_receive_does_not_idle_the_slots() -> None:
+    """Concurrency 1: the one slot's receive stalls; another loop takes the slot and the next job runs."""
+    registry = Registry()
+    ran: list[int] = []
+    two_ran = asyncio.Event()
+
+    @registry.job("mark")
+    async def mark(payload: dict[str, int]) -> None:
+        ran.append(payload["n"])
+        if len(ran) == 2:
+            two_ran.set()
+
+    queue = StalledSecondReceive()
+    worker = Worker(
+        registry=registry,
+        queue=queue,
+        dlq=StalledSecondReceive(),
+        options=RuntimeOptions(concurrency=1, visibility_timeout_s=30, shutdown_grace_s=5, poll_wait_s=20),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await asyncio.wait_for(two_ran.wait(), timeout=5)
+        assert queue.stalled.is_set()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    assert ran[:2] == [1, 3]
+    assert queue.deleted[:2] == ["handle-1", "handle-3"]
