@@ -212,11 +212,12 @@ async def test_past_the_wait_on_cancel_window_the_call_is_given_up(releases: lis
 
 
 async def test_threads_are_daemons_and_end_when_closed() -> None:
-    threads = JobThreads(3)
+    threads = JobThreads(3, name="daemon-test")
     names = await asyncio.gather(
         *(threads.run(lambda: threading.current_thread().name, timeout_s=LONG_TIMEOUT_S) for _ in range(3))
     )
-    ours = [t for t in threading.enumerate() if t.name in names]
+    assert all(name.startswith("daemon-test-") for name in names)
+    ours = [t for t in threading.enumerate() if t.name.startswith("daemon-test-")]
     assert ours and all(t.daemon for t in ours)  # the interpreter does not wait for them at exit
     threads.close()
     for thread in ours:
