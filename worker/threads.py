@@ -139,7 +139,7 @@ class JobThreads:
                 if task is not None:
                     task.uncancel()
                 return call.done.result()
-        self._give_up(call, "was stopped")
+        self._give_up(call, "was cancelled")
         raise asyncio.CancelledError
 
     def wait_on_cancel(self, seconds: float) -> None:
@@ -159,7 +159,7 @@ class JobThreads:
             self._start_threads_locked()
             stuck, threads = self._stuck, self._threads
         log.warning(
-            "a plain def handler %s; its thread cannot be stopped and runs on (%d stuck of %d thread(s), at most %d)",
+            "a plain def handler %s; its thread cannot be killed and runs on (%d stuck of %d thread(s), at most %d)",
             why,
             stuck,
             threads,
