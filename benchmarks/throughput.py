@@ -50,7 +50,7 @@ class Counter:
             if self.succeeded >= self.target:
                 self.done.set()
 
-    def gauge(self, *, in_flight: int, free_slots: int) -> None:
+    def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None:
         return None
 
     def connectivity(self, *, service: str, reachable: bool) -> None:

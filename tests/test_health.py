@@ -72,6 +72,21 @@ def test_readiness_follows_connectivity(tmp_path: Path) -> None:
     assert not observer.readiness().ok
 
 
+def test_readiness_is_off_while_every_handler_thread_is_stuck(tmp_path: Path) -> None:
+    """Concurrency 2 allows 4 handler threads (2 healthy plus 2 replacing stuck ones): not ready at 4 stuck."""
+    settings = WorkerSettings(queue="q", health_file=str(tmp_path / "h"), concurrency=2)
+    observer = HealthObserver(settings, monotonic=Clock(0.0), write_file=False)
+    observer.gauge(in_flight=2, free_slots=0, stuck_threads=3)
+    assert observer.readiness().ok
+    observer.gauge(in_flight=2, free_slots=0, stuck_threads=4)
+    status = observer.readiness()
+    assert not status.ok and status.details["stuck_threads"] == 4
+    assert "every handler thread (4) is stuck" in status.reason
+    assert observer.liveness().ok  # alive: the loop turns
+    observer.gauge(in_flight=0, free_slots=2, stuck_threads=3)
+    assert observer.readiness().ok
+
+
 def get(url: str) -> tuple[int, dict[str, object]]:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:

@@ -321,7 +321,7 @@ class Failing:
         self.calls += 1
         raise RuntimeError("observer bug")
 
-    def gauge(self, *, in_flight: int, free_slots: int) -> None:
+    def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None:
         raise RuntimeError("observer bug")
 
     def connectivity(self, *, service: str, reachable: bool) -> None:
@@ -335,7 +335,7 @@ class Keeping:
     def emit(self, event: Event) -> None:
         self.events.append(event)
 
-    def gauge(self, *, in_flight: int, free_slots: int) -> None:
+    def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None:
         pass
 
     def connectivity(self, *, service: str, reachable: bool) -> None:

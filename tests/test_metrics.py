@@ -134,7 +134,7 @@ def test_buffer_counts_each_outcome() -> None:
     buffer = MetricBuffer()
     for item in some_events():
         buffer.record(item)
-    buffer.gauge(in_flight=2, free_slots=8)
+    buffer.gauge(in_flight=2, free_slots=8, stuck_threads=1)
     snapshot = buffer.drain()
     email = snapshot.jobs["send_email"]
     assert dict(email.counters) == {
@@ -150,7 +150,7 @@ def test_buffer_counts_each_outcome() -> None:
     assert snapshot.jobs["resize"].counters["DuplicatesSkipped"] == 1
     assert snapshot.jobs["_none"].counters["JobsDeadLettered"] == 1
     assert dict(snapshot.dead_letters_by_category) == {"exhausted": 1, "invalid_message": 1}
-    assert snapshot.gauges == {"InFlight": [2.0], "FreeSlots": [8.0]}
+    assert snapshot.gauges == {"InFlight": [2.0], "FreeSlots": [8.0], "StuckThreads": [1.0]}
     assert buffer.drain().is_empty()
 
 
@@ -199,6 +199,7 @@ def test_emf_documents_follow_the_spec_and_the_metric_contract() -> None:
         ("JobsDeadLettered", (("Queue", "Category"),)),
         ("InFlight", (("Queue",),)),
         ("FreeSlots", (("Queue",),)),
+        ("StuckThreads", (("Queue",),)),
     }
     assert seen == expected
     by_category = {d["Category"]: d["JobsDeadLettered"] for d in parsed if "Category" in d}

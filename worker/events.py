@@ -1,8 +1,10 @@
 """Job lifecycle events the worker emits, and the Observer interface that metrics and logs implement.
 
 The runtime calls ``observer.emit(event)`` at each state change of a job, ``observer.gauge(...)`` about
-once a second while its main loop turns (a liveness signal too), and ``observer.connectivity(...)`` when
-an endpoint (service "sqs" or "dynamodb") becomes unreachable or reachable again.
+once a second while its main loop turns (a liveness signal too; ``stuck_threads`` counts plain ``def``
+handlers still running in their thread after their job timed out or was stopped), and
+``observer.connectivity(...)`` when an endpoint (service "sqs" or "dynamodb") becomes unreachable or reachable
+again.
 Observers must be quick and must not raise: they run on the event loop.
 """
 
@@ -54,7 +56,7 @@ class Observer(Protocol):
 
     def emit(self, event: Event) -> None: ...
 
-    def gauge(self, *, in_flight: int, free_slots: int) -> None: ...
+    def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None: ...
 
     def connectivity(self, *, service: str, reachable: bool) -> None: ...
 
@@ -80,10 +82,10 @@ class Observers:
             except Exception:  # an observer bug must not stop jobs
                 self._failure(observer, "emit")
 
-    def gauge(self, *, in_flight: int, free_slots: int) -> None:
+    def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None:
         for observer in self._observers:
             try:
-                observer.gauge(in_flight=in_flight, free_slots=free_slots)
+                observer.gauge(in_flight=in_flight, free_slots=free_slots, stuck_threads=stuck_threads)
             except Exception:
                 self._failure(observer, "gauge")
 

@@ -7,8 +7,7 @@ import contextvars
 import functools
 import logging
 import time
-from collections.abc import Callable, MutableMapping
-from concurrent.futures import Executor
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +17,7 @@ from worker.context import JobContext, ProgressSink
 from worker.envelope import INVALID_PAYLOAD, UNKNOWN_TYPE, Envelope, describe_errors, parse_envelope
 from worker.errors import InvalidMessage
 from worker.jobs import JobSpec, Registry
+from worker.threads import JobThreads
 
 
 @dataclass(frozen=True)
@@ -75,18 +75,29 @@ def build_context(
     return context
 
 
-async def call_handler(job: PreparedJob, context: JobContext, executor: Executor | None = None) -> Any:
+async def call_handler(job: PreparedJob, context: JobContext, threads: JobThreads, *, owner: object = None) -> Any:
     """Call the handler with its payload (and context), bounded by the job's timeout.
 
-    A plain ``def`` handler runs in ``executor`` (the worker's pool, one thread per slot); on timeout its thread
-    cannot be stopped, so it is left to finish in the background while the job is treated as timed out.
+    A plain ``def`` handler runs in one of ``threads``; its timeout (and ``ctx.time_left_s()``) counts from the
+    moment its thread starts it. On timeout its thread cannot be stopped: it runs on as a stuck thread while
+    the job is treated as timed out. ``owner`` names the call for ``threads.is_running(owner)``.
     """
     args: tuple[Any, ...] = (job.payload, context) if job.spec.wants_context else (job.payload,)
+    timeout_s = job.spec.timeout_s
     if job.spec.is_async:
-        return await asyncio.wait_for(job.spec.handler(*args), timeout=job.spec.timeout_s)
-    call: Callable[[], Any] = functools.partial(contextvars.copy_context().run, job.spec.handler, *args)
-    loop = asyncio.get_running_loop()
-    return await asyncio.wait_for(loop.run_in_executor(executor, call), timeout=job.spec.timeout_s)
+        return await asyncio.wait_for(job.spec.handler(*args), timeout=timeout_s)
+    handler = job.spec.handler
+
+    def call() -> Any:
+        context.deadline_monotonic = time.monotonic() + timeout_s
+        return handler(*args)
+
+    return await threads.run(
+        functools.partial(contextvars.copy_context().run, call),
+        timeout_s=timeout_s,
+        owner=owner,
+        log_fields={**context.extra(), "timeout_s": timeout_s},
+    )
 
 
 def result_for_ledger(result: Any) -> Any:

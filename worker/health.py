@@ -3,8 +3,9 @@
 - Liveness: the main loop turned within ``health_max_age_s``. The runtime calls ``gauge()`` about once a
   second while its loop turns; :class:`HealthObserver` records that and writes the wall-clock time into
   ``health_file`` (at most once a second), which ``sqs-worker health --check`` reads (container HEALTHCHECK).
-- Readiness: live, and every endpoint the worker uses (SQS, DynamoDB) reachable as last reported through
-  ``connectivity()``.
+- Readiness: live, every endpoint the worker uses (SQS, DynamoDB) reachable as last reported through
+  ``connectivity()``, and not every handler thread stuck (``gauge(stuck_threads=...)`` below the most threads
+  the worker may have for plain ``def`` handlers: no such job could start).
 
 The HTTP server is a few lines on asyncio streams (no framework): GET or HEAD, bounded request size and
 read time, one response per connection.
@@ -26,6 +27,7 @@ from typing import Any
 
 from worker.events import Event
 from worker.settings import WorkerSettings
+from worker.threads import thread_limit
 
 log = logging.getLogger("worker.health")
 
@@ -112,13 +114,16 @@ class HealthObserver:
         self._last_file_write: float | None = None
         self._unreachable: set[str] = set()
         self._file_error_logged = False
+        self._stuck_threads = 0
+        self._thread_limit = thread_limit(settings.concurrency)
 
     def emit(self, event: Event) -> None:
         return None
 
-    def gauge(self, *, in_flight: int, free_slots: int) -> None:
+    def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None:
         now = self._monotonic()
         self._last_turn = now
+        self._stuck_threads = stuck_threads
         if self.health_file is None:
             return
         if self._last_file_write is not None and now - self._last_file_write < FILE_WRITE_INTERVAL_S:
@@ -153,6 +158,12 @@ class HealthObserver:
         if self._unreachable:
             names = sorted(self._unreachable)
             return HealthStatus(False, "unreachable: " + ", ".join(names), {"unreachable": names})
+        if self._stuck_threads >= self._thread_limit:
+            return HealthStatus(
+                False,
+                f"every handler thread ({self._stuck_threads}) is stuck in a plain def handler past its timeout",
+                {"unreachable": [], "stuck_threads": self._stuck_threads},
+            )
         return HealthStatus(True, "ready", {"unreachable": []})
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from worker.held import Connectivity, Held
 from worker.policy import visibility_cap_s
 from worker.slots import Slots
 from worker.sqs import Queue
+from worker.threads import JobThreads
 
 if TYPE_CHECKING:
     from worker.idempotency import Ledger
@@ -37,6 +38,7 @@ class Heartbeat:
         sqs: Connectivity,
         dynamodb: Connectivity,
         ledger: Ledger | None = None,
+        threads: JobThreads | None = None,
     ) -> None:
         self.queue = queue
         self.held = held
@@ -46,6 +48,7 @@ class Heartbeat:
         self.sqs = sqs
         self.dynamodb = dynamodb
         self.ledger = ledger
+        self.threads = threads
 
     def _emit(self, kind: Kind, held: Held, **fields: Any) -> None:
         self.observers.emit(held.event(kind, self.queue.name, **fields))
@@ -54,7 +57,11 @@ class Heartbeat:
         """Tick about once a second until cancelled: report gauges, extend claims that are due."""
         while True:
             # Free for jobs: slots a receive loop reserved for its long poll count as free, not busy.
-            self.observers.gauge(in_flight=len(self.held), free_slots=self.slots.total - len(self.held))
+            self.observers.gauge(
+                in_flight=len(self.held),
+                free_slots=self.slots.total - len(self.held),
+                stuck_threads=0 if self.threads is None else self.threads.stuck,
+            )
             now = time.monotonic()
             threshold = self.visibility_timeout_s * EXTEND_BELOW_SHARE
             for held in list(self.held.values()):

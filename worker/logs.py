@@ -289,8 +289,8 @@ class LogObserver:
         if self.logger.isEnabledFor(level):
             self.logger.log(level, _EVENT_MESSAGES.get(event.kind, event.kind.value), extra=event_fields(event))
 
-    def gauge(self, *, in_flight: int, free_slots: int) -> None:
-        return None  # once a second: metrics, not logs
+    def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None:
+        return None  # once a second: metrics, not logs (a stuck thread is logged once by the runtime)
 
     def connectivity(self, *, service: str, reachable: bool) -> None:
         if self._reachable.get(service) == reachable:

@@ -15,7 +15,7 @@ Names and dimensions are a public contract (alarms and dashboards depend on them
         JobsProcessed, JobsSucceeded, JobsRetried, JobsDeadLettered (Count), HeartbeatExtensions,
         DuplicatesSkipped (Count), JobDuration, QueueWait (Milliseconds), Attempts (Count)
     per category, dimension set [Queue, Category]:  JobsDeadLettered (Count)
-    per worker, dimension set [Queue]:              InFlight, FreeSlots (Count, one sample a second)
+    per worker, dimension set [Queue]:              InFlight, FreeSlots, StuckThreads (Count, one sample a second)
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ HEARTBEAT_EXTENSIONS = "HeartbeatExtensions"
 DUPLICATES_SKIPPED = "DuplicatesSkipped"
 IN_FLIGHT = "InFlight"
 FREE_SLOTS = "FreeSlots"
+STUCK_THREADS = "StuckThreads"
 
 JOB_COUNTERS = (
     JOBS_PROCESSED,
@@ -58,7 +59,7 @@ JOB_COUNTERS = (
     DUPLICATES_SKIPPED,
 )
 JOB_DISTRIBUTIONS = (JOB_DURATION, QUEUE_WAIT, ATTEMPTS)
-WORKER_GAUGES = (IN_FLIGHT, FREE_SLOTS)
+WORKER_GAUGES = (IN_FLIGHT, FREE_SLOTS, STUCK_THREADS)
 UNITS = {JOB_DURATION: "Milliseconds", QUEUE_WAIT: "Milliseconds"}  # everything else: Count
 
 # Dimension names and sets.
@@ -169,9 +170,10 @@ class MetricBuffer:
         if event.attempt > 0 and kind is not Kind.RETRY_SCHEDULED:
             stats.values[ATTEMPTS].append(float(event.attempt))
 
-    def gauge(self, *, in_flight: int, free_slots: int) -> None:
+    def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None:
         self._snapshot.gauges[IN_FLIGHT].append(float(in_flight))
         self._snapshot.gauges[FREE_SLOTS].append(float(free_slots))
+        self._snapshot.gauges[STUCK_THREADS].append(float(stuck_threads))
 
     def longest_value_list(self) -> int:
         lengths = [len(v) for stats in self._snapshot.jobs.values() for v in stats.values.values()]
@@ -269,9 +271,9 @@ class _BufferedObserver(ABC):
             self._buffer.record(event)
         self._maybe_flush()
 
-    def gauge(self, *, in_flight: int, free_slots: int) -> None:
+    def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None:
         with self._lock:
-            self._buffer.gauge(in_flight=in_flight, free_slots=free_slots)
+            self._buffer.gauge(in_flight=in_flight, free_slots=free_slots, stuck_threads=stuck_threads)
         self._maybe_flush()
 
     def connectivity(self, *, service: str, reachable: bool) -> None:

@@ -17,7 +17,6 @@ import random
 import time
 from collections import deque
 from collections.abc import Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,7 @@ from worker.outcomes import Outcomes
 from worker.policy import BUG, PERMANENT, Action, classify_failure, describe_error, error_text
 from worker.slots import Slots, receive_loops
 from worker.sqs import Message, Queue
+from worker.threads import JobThreads
 
 if TYPE_CHECKING:
     from worker.idempotency import Claim, Ledger
@@ -44,6 +44,9 @@ LEDGER_RETRY_S = 10
 INTERNAL_ERROR_RETRY_S = 30
 #: A receive still unanswered after this gives its slots back to the other receive loops (see _receive_loop).
 HEDGE_AFTER_S = 0.05
+#: After the shutdown grace, how long a plain ``def`` handler still running in its thread may still finish (and
+#: its message be acknowledged) before the process exits without it.
+THREAD_FINISH_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,8 @@ class Worker:
         self._stopping = False
         #: The last receive brought messages: a slow receive now is trouble, not a long poll on an empty queue.
         self._queue_busy = False
-        #: Threads for plain ``def`` handlers: one per slot, so no sync job waits for a thread while its timeout runs.
-        self._executor = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="sqs-worker-job")
+        #: Threads for plain ``def`` handlers: one healthy thread per slot, whatever stuck threads do.
+        self._threads = JobThreads(options.concurrency)
         self._sqs = Connectivity("sqs", self.observers)
         self._dynamodb = Connectivity("dynamodb", self.observers)
         self.outcomes = Outcomes(queue=queue, dlq=dlq, observers=self.observers)
@@ -96,6 +99,7 @@ class Worker:
             sqs=self._sqs,
             dynamodb=self._dynamodb,
             ledger=ledger,
+            threads=self._threads,
         )
         self.fatal: BaseException | None = None
         self._warned_unguarded = False
@@ -361,7 +365,7 @@ class Worker:
         queue_wait_s = max(0.0, time.time() - sent_ms / 1000) if sent_ms else None
         self._emit(Kind.STARTED, held, queue_wait_s=queue_wait_s)
         started = time.monotonic()
-        held.handler = asyncio.ensure_future(call_handler(job, context, self._executor))
+        held.handler = asyncio.ensure_future(call_handler(job, context, self._threads, owner=held))
         try:
             result = await held.handler
         except asyncio.CancelledError as exc:
@@ -441,7 +445,16 @@ class Worker:
             self._dynamodb.down(exc)  # the lease lapses by itself; the retry takes the claim over
 
     async def _abandon(self, held: Held) -> None:
-        """The job was cancelled (shutdown past the grace period): put the message back at once."""
+        """The job was cancelled (shutdown past the grace period): put the message back at once, unless its
+        plain ``def`` handler still runs in a thread: released, it would run twice. It stays invisible until its
+        visibility timeout; the thread ends with the process, before the handler completes."""
+        if self._threads.is_running(held):
+            log.warning(
+                "a plain def handler still runs at exit: its message is not released and reappears after its "
+                "visibility timeout",
+                extra=held.log_fields(self.queue.name),
+            )
+            return
         await self._ledger_settle(held, "cancelled at shutdown", final=False)
         await self.outcomes.release(held, delay_s=0, reason="cancelled at shutdown")
 
@@ -470,18 +483,32 @@ class Worker:
         if running:
             log.info("waiting up to %.0f s for %d running job(s)", self.options.shutdown_grace_s, len(running))
             _, pending = await asyncio.wait(running, timeout=self.options.shutdown_grace_s)
-            for task in pending:
-                task.cancel()
             if pending:
-                log.warning("cancelled %d job(s) still running after the grace period", len(pending))
-                await asyncio.gather(*pending, return_exceptions=True)
+                await self._cancel_jobs(pending)
         await asyncio.gather(*(h.extension for h in self._held.values() if h.extension), return_exceptions=True)
         heartbeat.cancel()
         await asyncio.gather(heartbeat, return_exceptions=True)
         await asyncio.gather(self.queue.drain(), self.dlq.drain())
-        # Threads of timed-out or cancelled sync handlers cannot be stopped; do not wait for them.
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        # Threads still running handlers cannot be stopped: daemon threads, they end with the process.
+        self._threads.close()
         log.info("worker stopped", extra={"queue": self.queue.name})
+
+    async def _cancel_jobs(self, pending: set[asyncio.Task[Any]]) -> None:
+        """Past the grace: cancel the jobs and release their messages. A plain ``def`` handler's thread cannot be
+        stopped: its job waits up to THREAD_FINISH_WAIT_S more, acknowledged if it finishes, else left invisible."""
+        threaded = sum(1 for held in self._held.values() if self._threads.is_running(held))
+        self._threads.wait_on_cancel(THREAD_FINISH_WAIT_S)
+        for task in pending:
+            task.cancel()
+        log.warning("cancelled %d job(s) still running after the grace period", len(pending))
+        if threaded:
+            log.warning(
+                "%d plain def handler(s) still run in threads: their messages stay invisible; a handler that returns "
+                "within %g s gets its outcome (success deletes), the others run again after their visibility timeout",
+                threaded,
+                THREAD_FINISH_WAIT_S,
+            )
+        await asyncio.gather(*pending, return_exceptions=True)
 
     # ----------------------------------------------------------------------------------------------- events
 

@@ -31,3 +31,12 @@ def slow_job(payload: dict[str, Any], ctx: JobContext) -> None:
     record(f"started {payload.get('n')}")
     time.sleep(float(payload.get("seconds", 2)))  # the work itself, in a thread
     record(f"finished {payload.get('n')}")
+
+
+@job("slow_first", max_attempts=3, timeout_s=60)
+def slow_first_job(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Slow on its first attempt only, so a rerun after a restart is quick."""
+    record(f"started {payload.get('n')} attempt={ctx.attempt}")
+    if ctx.attempt == 1:
+        time.sleep(float(payload.get("seconds", 2)))  # the work itself, in a thread
+    record(f"finished {payload.get('n')}")

@@ -36,14 +36,16 @@ class Recorder:
         self.events: list[Event] = []
         self.connectivity_changes: list[tuple[str, bool]] = []
         self.gauges: list[tuple[int, int]] = []
+        self.stuck_threads: list[int] = []
         self._changed = asyncio.Event()
 
     def emit(self, event: Event) -> None:
         self.events.append(event)
         self._changed.set()
 
-    def gauge(self, *, in_flight: int, free_slots: int) -> None:
+    def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None:
         self.gauges.append((in_flight, free_slots))
+        self.stuck_threads.append(stuck_threads)
         self._changed.set()
 
     def connectivity(self, *, service: str, reachable: bool) -> None:
