@@ -124,7 +124,11 @@ def send(endpoint_url: str, queue_url: str, body: str | dict[str, Any], **kwargs
 
 
 def drain(endpoint_url: str, queue_url: str, *, expect: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """Receive (and delete) until ``expect`` messages were seen or the time is up."""
+    """Receive (and delete) until ``expect`` messages were seen or the time is up.
+
+    For reading what a queue holds; never to prove a message is gone (an invisible one is not received):
+    that is ``tests.support.queues.assert_queue_empty``.
+    """
     import time
 
     client = sqs_client(endpoint_url)
