@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -89,6 +90,7 @@ async def running_worker(
     shutdown_grace_s: float = 10.0,
     poll_wait_s: int = 1,
     ledger: Any = None,
+    rng: random.Random | None = None,
 ) -> AsyncIterator[Running]:
     session = get_session()
     async with session.create_client("sqs", endpoint_url=endpoint_url, region_name="us-east-1") as client:
@@ -105,6 +107,7 @@ async def running_worker(
             ),
             observers=Observers([recorder]),
             ledger=ledger,
+            rng=rng,
         )
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
