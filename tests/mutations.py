@@ -119,7 +119,7 @@ BREAKAGES: tuple[Breakage, ...] = (
         "fencing token ignored (owner still checked)",
         "worker/idempotency/dynamodb.py",
         '"token_is_mine": "#token = :token"',
-        '"token_is_mine": "(#token = :token OR attribute_exists(#token))"',
+        '"token_is_mine": "#token = :token OR attribute_exists(#token)"',  # cond() adds the parentheses
         ("tests/test_idempotency_ledger.py::test_same_owner_name_with_an_old_token_is_fenced",),
     ),
     Breakage(
