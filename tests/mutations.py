@@ -244,6 +244,10 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
         pass
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def first_failure(output: str) -> str:
     """The first failed test and the first line of its error, as pytest's output names them."""
     test = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
@@ -304,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{b.id:3} {b.what}  [{b.path}]  -> {', '.join(b.tests)}")
         return 0
     outcomes: list[Outcome] = []
+    signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM cleans up as Ctrl-C does
     with tempfile.TemporaryDirectory(prefix="sqs-worker-mutants-") as scratch:
         tree = copy_tree(Path(scratch))
         try:

@@ -66,7 +66,7 @@ async def test_a_refused_delete_is_reported_to_its_caller_alone(backend: Backend
         )
     assert queue.deleter.calls == 1  # one batch of two entries
     assert good is None
-    assert isinstance(refused, EntryFailed), refused
+    assert isinstance(refused, EntryFailed), f"the refused entry was reported as {refused!r}"
     assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
 
 
