@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.backends import Backend
 from tests.support.harness import drain, make_queues, sqs_client
+from tests.support.queues import assert_queue_empty, message_count
 from worker.bootstrap import Created
 from worker.cli import main
 from worker.dlq import DeadLetterQueue, redrive_by_receiving
@@ -170,10 +171,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 
 
 def count(endpoint_url: str, url: str) -> int:
-    attrs = sqs_client(endpoint_url).get_queue_attributes(
-        QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-    )["Attributes"]
-    return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
+    return message_count(sqs_client(endpoint_url), url)
 
 
 def test_list_groups_and_releases(backend: Backend, queues: Created, capsys: pytest.CaptureFixture[str]) -> None:
@@ -273,7 +271,7 @@ def test_purge_needs_yes(backend: Backend, queues: Created, capsys: pytest.Captu
     code, out, _ = run_cli(capsys, "dlq", "purge", "--yes")
     assert code == 0
     assert "purged" in out
-    assert drain(backend.endpoint_url, queues.dlq_url, expect=1, timeout_s=2) == []
+    assert_queue_empty(sqs_client(backend.endpoint_url), queues.dlq_url)
 
 
 class FailSecondEntry:

@@ -28,6 +28,7 @@ from tests.support.harness import make_queues, send, sqs_client
 from tests.support.idempotency import dynamodb_client
 from tests.support.process import lines, start, worker_env
 from tests.support.proxy import Proxy
+from tests.support.queues import message_count
 from worker.bootstrap import Created
 from worker.idempotency import Ledger, Record, State, Status, canonical_json, create_table
 
@@ -67,13 +68,7 @@ async def until(condition: Callable[[], bool], timeout_s: float, what: str) -> N
 
 
 def queue_is_empty(endpoint_url: str, queue_url: str) -> bool:
-    names = [
-        "ApproximateNumberOfMessages",
-        "ApproximateNumberOfMessagesNotVisible",
-        "ApproximateNumberOfMessagesDelayed",
-    ]
-    attributes = sqs_client(endpoint_url).get_queue_attributes(QueueUrl=queue_url, AttributeNames=names)
-    return all(int(attributes["Attributes"].get(name, "0")) == 0 for name in names)
+    return message_count(sqs_client(endpoint_url), queue_url) == 0
 
 
 class Setup:

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 import pytest_asyncio
 
 from tests.support.backends import Backend
-from tests.support.harness import drain, make_queues, running_worker, send
+from tests.support.harness import drain, make_queues, running_worker, send, sqs_client
 from tests.support.idempotency import WriteCounter
+from tests.support.queues import assert_queue_empty
 from worker import JobContext, PermanentError, RetryableError
 from worker.events import Kind
 from worker.idempotency import CONFLICT_REASON, Ledger, Status, create_table, payload_hash
@@ -66,7 +67,7 @@ async def test_a_duplicate_of_a_completed_job_is_acknowledged_without_running(ba
         skipped = await running.recorder.wait_count(Kind.DUPLICATE_SKIPPED, 1)
     assert ran == ["a@example.com"]  # an envelope key makes even a plain job idempotent
     assert skipped[0].idempotency_key == body["idempotency_key"]
-    assert drain(backend.endpoint_url, queues.queue_url, expect=1, timeout_s=1) == []
+    assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
 
 
 async def test_a_reused_key_with_another_payload_is_dead_lettered_as_permanent(

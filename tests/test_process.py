@@ -13,6 +13,7 @@ import pytest
 from tests.support.backends import Backend
 from tests.support.harness import drain, sqs_client
 from tests.support.process import cli, lines, start, wait_until, worker_env
+from tests.support.queues import assert_queue_empty
 
 
 def bootstrapped(backend: Backend, tmp_path: Path, **settings: str) -> tuple[dict[str, str], str]:
@@ -53,6 +54,7 @@ def test_plain_boto3_job_is_processed_by_run(backend: Backend, tmp_path: Path) -
         json.loads(line) for line in (tmp_path / "worker.log").read_text().splitlines() if line.startswith("{")
     ]
     assert any(entry.get("event") == "succeeded" for entry in log_lines)
+    assert_queue_empty(sqs_client(backend.endpoint_url), url)  # the job acknowledged, the bad one dead-lettered
 
 
 def test_sigterm_mid_job_finishes_the_job_and_exits_0(backend: Backend, tmp_path: Path) -> None:
@@ -70,8 +72,8 @@ def test_sigterm_mid_job_finishes_the_job_and_exits_0(backend: Backend, tmp_path
         if worker.poll() is None:
             worker.kill()
     assert lines(effects) == ["started 1", "finished 1"]
-    # Finished and acknowledged: nothing comes back.
-    assert drain(backend.endpoint_url, url, expect=1, timeout_s=2) == []
+    # Finished and acknowledged: deleted, not merely invisible.
+    assert_queue_empty(sqs_client(backend.endpoint_url), url)
 
 
 def test_second_signal_exits_at_once(backend: Backend, tmp_path: Path) -> None:

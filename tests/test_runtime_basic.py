@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from tests.support.backends import Backend
-from tests.support.harness import drain, make_queues, running_worker, send
+from tests.support.harness import drain, make_queues, running_worker, send, sqs_client
+from tests.support.queues import assert_queue_empty
 from worker import PermanentError
 from worker.events import Kind
 from worker.jobs import Registry
@@ -56,7 +57,7 @@ async def test_success_deletes_the_message(backend: Backend) -> None:
         await running.recorder.wait_count(Kind.SUCCEEDED, 2)
     assert Email(to="a@b.c", subject="hi") in calls
     assert ({"n": 1}, 1) in calls
-    assert drain(backend.endpoint_url, queues.queue_url, expect=1, timeout_s=2) == []
+    assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
 
 
 BAD_INPUTS = [
@@ -93,7 +94,7 @@ async def test_bad_input_is_dead_lettered_with_its_category(backend: Backend) ->
         assert attributes["failed_at"].endswith("Z")
         assert attributes["error_message"]
         assert "hunter2" not in attributes["error_message"]
-    assert drain(backend.endpoint_url, queues.queue_url, expect=1, timeout_s=1) == []
+    assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
 
 
 async def test_retries_grow_then_exhaust_to_the_dlq(backend: Backend) -> None:
@@ -128,6 +129,7 @@ async def test_retries_grow_then_exhaust_to_the_dlq(backend: Backend) -> None:
     assert attributes["error_category"] == "exhausted"
     assert attributes["attempts"] == "4"
     assert attributes["error_message"] == "ConnectionError: upstream refused"
+    assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)  # dead-lettered: gone from the source
 
 
 async def test_plain_def_handlers_get_a_thread_per_slot(backend: Backend) -> None:

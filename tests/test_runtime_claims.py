@@ -11,8 +11,9 @@ from urllib.parse import urlparse
 import pytest
 
 from tests.support.backends import Backend
-from tests.support.harness import drain, make_queues, running_worker, send, sqs_client
+from tests.support.harness import make_queues, running_worker, send, sqs_client
 from tests.support.proxy import Proxy
+from tests.support.queues import assert_queue_empty
 from worker import RetryableError
 from worker.bootstrap import Created
 from worker.events import Kind
@@ -45,7 +46,7 @@ async def test_heartbeat_keeps_a_long_job_claimed(backend: Backend) -> None:
     assert len(runs) == 1
     assert len(first.recorder.of(Kind.STARTED)) + len(second.recorder.of(Kind.STARTED)) == 1
     assert len(heartbeats) >= 3
-    assert drain(backend.endpoint_url, queues.queue_url, expect=1, timeout_s=1) == []
+    assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
 
 
 def fifo_send(backend: Backend, queues: Created, group: str, n: int) -> None:
@@ -124,4 +125,4 @@ async def test_worker_survives_an_endpoint_outage(backend: Backend) -> None:
     finally:
         await proxy.stop()
     assert sorted(set(seen)) == [1, 2, 3, 4, 5, 6]
-    assert drain(backend.endpoint_url, queues.queue_url, expect=1, timeout_s=1) == []
+    assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)

@@ -21,6 +21,7 @@ import pytest
 
 from tests.support.backends import Backend
 from tests.support.process import cli, lines, start, wait_until, worker_env
+from tests.support.queues import message_count
 from tests.support.terraform import Applied, applied_local_example
 from worker.schedules import load_schedules
 from worker.settings import WorkerSettings
@@ -166,10 +167,7 @@ def test_worker_runs_jobs_from_the_created_queue_and_dead_letters_into_the_creat
 
 
 def _depth(sqs: Any, queue_url: str) -> int:
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-    )["Attributes"]
-    return int(attributes["ApproximateNumberOfMessages"]) + int(attributes["ApproximateNumberOfMessagesNotVisible"])
+    return message_count(sqs, queue_url)
 
 
 def _receive_one(sqs: Any, queue_url: str) -> dict[str, Any]:

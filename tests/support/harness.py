@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -91,6 +92,7 @@ async def running_worker(
     shutdown_grace_s: float = 10.0,
     poll_wait_s: int = 1,
     ledger: Any = None,
+    rng: random.Random | None = None,
 ) -> AsyncIterator[Running]:
     session = get_session()
     async with session.create_client("sqs", endpoint_url=endpoint_url, region_name="us-east-1") as client:
@@ -107,6 +109,7 @@ async def running_worker(
             ),
             observers=Observers([recorder]),
             ledger=ledger,
+            rng=rng,
         )
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
@@ -126,7 +129,11 @@ def send(endpoint_url: str, queue_url: str, body: str | dict[str, Any], **kwargs
 
 
 def drain(endpoint_url: str, queue_url: str, *, expect: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """Receive (and delete) until ``expect`` messages were seen or the time is up."""
+    """Receive (and delete) until ``expect`` messages were seen or the time is up.
+
+    For reading what a queue holds; never to prove a message is gone (an invisible one is not received):
+    that is ``tests.support.queues.assert_queue_empty``.
+    """
     import time
 
     client = sqs_client(endpoint_url)

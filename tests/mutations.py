@@ -1,0 +1,338 @@
+"""Break the worker on purpose, one change at a time, and check that a test turns red for each breakage.
+
+    .venv/bin/python -m tests.mutations            # every breakage; prints the table; exit 0 when all are caught
+    .venv/bin/python -m tests.mutations a f --list # only some (by id), or just list them
+
+Each breakage is a small textual patch of one file under worker/: ``old`` -> ``new``, where ``old`` must occur
+exactly once (after ``within``, when given, and within ``WITHIN_LINES`` lines of it). When the code moved and a
+snippet no longer matches, the breakage is reported as ``ANCHOR NOT FOUND`` (never as caught or survived):
+re-anchor it. The patches are applied to a copy of the working tree in a temporary folder, so the checkout is
+never modified, whatever happens (Ctrl-C included); the chosen tests run there on moto, with ``-x`` and a time
+bound. A baseline run of every chosen test on the unbroken copy comes first: it must be green.
+
+Not a test module (pytest collects ``test_*.py`` only); not part of the normal test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: How far below ``within`` the ``old`` snippet may start.
+WITHIN_LINES = 30
+IGNORED = (".git", ".venv", ".tools", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".terraform")
+
+
+@dataclass(frozen=True)
+class Breakage:
+    id: str
+    what: str
+    path: str  # relative to the repository root, under worker/
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest node ids expected to catch it, quickest first
+    within: str | None = None  # a distinctive snippet that ``old`` follows (for a snippet that occurs twice)
+
+
+BREAKAGES: tuple[Breakage, ...] = (
+    Breakage(
+        "a",
+        "ack never deletes",
+        "worker/outcomes.py",
+        "await self.queue.delete(held.message.receipt_handle)",
+        "pass  # MUTANT",
+        ("tests/test_runtime_basic.py::test_success_deletes_the_message",),
+        within="async def ack(",
+    ),
+    Breakage(
+        "b",
+        "retry sets visibility 0 (the reported delay unchanged)",
+        "worker/outcomes.py",
+        "set_visibility(held.message.receipt_handle, delay_s)",
+        "set_visibility(held.message.receipt_handle, 0)",
+        ("tests/test_runtime_basic.py::test_retries_grow_then_exhaust_to_the_dlq",),
+        within="async def retry(",
+    ),
+    Breakage(
+        "c",
+        "dead-letter drops the attributes",
+        "worker/outcomes.py",
+        "attributes=attributes,",
+        "attributes=None,",
+        ("tests/test_runtime_basic.py::test_bad_input_is_dead_lettered_with_its_category",),
+    ),
+    Breakage(
+        "d",
+        "heartbeat never extends (still reports a heartbeat)",
+        "worker/heartbeat.py",
+        "await self.queue.set_visibility(held.message.receipt_handle, timeout_s)",
+        "pass  # MUTANT",
+        ("tests/test_runtime_claims.py::test_heartbeat_keeps_a_long_job_claimed",),
+    ),
+    Breakage(
+        "e1",
+        "shutdown does not release waiting (unstarted) messages",
+        "worker/runtime.py",
+        'await self._release_all(waiting, reason="shutdown")',
+        "pass  # MUTANT",
+        ("tests/test_guards.py::test_shutdown_releases_unstarted_and_cancelled_messages",),
+    ),
+    Breakage(
+        "e2",
+        "shutdown does not release jobs cancelled after the grace period",
+        "worker/runtime.py",
+        'await self.outcomes.release(held, delay_s=0, reason="cancelled at shutdown")',
+        "pass  # MUTANT",
+        ("tests/test_guards.py::test_shutdown_releases_unstarted_and_cancelled_messages",),
+    ),
+    Breakage(
+        "f",
+        "delete-batch failures ignored",
+        "worker/sqs.py",
+        "return _failures(response)",
+        "return {}",
+        ("tests/test_guards.py::test_a_refused_delete_is_reported_to_its_caller_alone",),
+        within="async def _delete_batch(",
+    ),
+    Breakage(
+        "g",
+        "ledger completion skipped",
+        "worker/runtime.py",
+        "fenced_ok = await self._complete_claim(held.claim, result_for_ledger(result))",
+        "fenced_ok = True",
+        ("tests/test_idempotency_runtime.py::test_an_idempotent_job_costs_two_writes",),
+    ),
+    Breakage(
+        "h",
+        "fencing token ignored (owner still checked)",
+        "worker/idempotency/dynamodb.py",
+        '"token_is_mine": "#token = :token"',
+        '"token_is_mine": "#token = :token OR attribute_exists(#token)"',  # cond() adds the parentheses
+        ("tests/test_idempotency_ledger.py::test_same_owner_name_with_an_old_token_is_fenced",),
+    ),
+    Breakage(
+        "i1",
+        "backoff without jitter (policy: always the full delay)",
+        "worker/policy.py",
+        "jitter = (rng or random).random()",
+        "jitter = 1.0",
+        ("tests/test_policy.py::test_backoff_spreads_a_burst",),
+    ),
+    Breakage(
+        "i2",
+        "backoff without jitter (the runtime ignores its random source)",
+        "worker/runtime.py",
+        "rng=self._rng,",
+        "jitter=1.0,",
+        ("tests/test_guards.py::test_retry_delays_are_drawn_from_the_workers_random_source",),
+    ),
+    Breakage(
+        "j",
+        "FIFO group not released after a failure",
+        "worker/runtime.py",
+        "self._release_all(rest,",
+        "self._release_all([],",
+        ("tests/test_runtime_claims.py::test_fifo_order_holds_when_a_message_fails",),
+    ),
+    Breakage(
+        "k1",
+        "redrive limit ignored: bootstrap's maxReceiveCount",
+        "worker/bootstrap.py",
+        '"maxReceiveCount": str(max_receive_count)',
+        '"maxReceiveCount": "1000"',
+        ("tests/test_guards.py::test_bootstrap_sets_the_redrive_policy_it_reports",),
+    ),
+    Breakage(
+        "k2",
+        "redrive limit ignored: dlq redrive moves past its bound",
+        "worker/dlq.py",
+        "while limit is None or result.moved < limit:",
+        "while True:",
+        ("tests/test_guards.py::test_a_redrive_moves_no_more_than_its_limit",),
+    ),
+    Breakage(
+        "l",
+        "a completed key runs again",
+        "worker/runtime.py",
+        'if claim.outcome == "completed":',
+        'if claim.outcome == "completed" and False:',
+        ("tests/test_idempotency_runtime.py::test_a_duplicate_of_a_completed_job_is_acknowledged_without_running",),
+    ),
+)
+
+
+@dataclass
+class Outcome:
+    breakage: Breakage
+    result: str  # CAUGHT, SURVIVED, ANCHOR NOT FOUND, TIMEOUT, ERROR
+    caught_by: str = ""
+    seconds: float = 0.0
+
+
+def apply(text: str, breakage: Breakage) -> str:
+    """The text with the breakage applied. Raises LookupError naming the snippet that did not match once."""
+    start, end = 0, len(text)
+    if breakage.within is not None:
+        if text.count(breakage.within) != 1:
+            raise LookupError(f"`within` snippet {breakage.within!r} found {text.count(breakage.within)} times")
+        start = text.index(breakage.within)
+        end = start
+        for _ in range(WITHIN_LINES):
+            end = text.find("\n", end + 1)
+            if end < 0:
+                end = len(text)
+                break
+        index = text.find(breakage.old, start, end)
+        if index < 0:
+            raise LookupError(f"{breakage.old!r} not found within {WITHIN_LINES} lines after {breakage.within!r}")
+    else:
+        count = text.count(breakage.old)
+        if count != 1:
+            raise LookupError(f"{breakage.old!r} found {count} times (must be exactly once)")
+        index = text.index(breakage.old)
+    return text[:index] + breakage.new + text[index + len(breakage.old) :]
+
+
+def copy_tree(destination: Path) -> Path:
+    tree = destination / "tree"
+    shutil.copytree(ROOT, tree, symlinks=True, ignore=shutil.ignore_patterns(*IGNORED))
+    tools = ROOT / ".tools"
+    if tools.exists():  # LocalStack's own virtualenv, should a run choose that backend
+        (tree / ".tools").symlink_to(tools.resolve())
+    return tree
+
+
+def run_pytest(tree: Path, tests: Sequence[str], timeout_s: float) -> tuple[int | None, str]:
+    """Run ``tests`` in ``tree``: (pytest's exit code or None on timeout, its output)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    env.setdefault("SQS_WORKER_TEST_BACKENDS", "moto")
+    command = [sys.executable, "-m", "pytest", *tests, "-x", "-q", "-rfE", "-p", "no:cacheprovider"]
+    process = subprocess.Popen(
+        command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+        return process.returncode, output.decode("utf-8", "replace")
+    except subprocess.TimeoutExpired:
+        _kill(process)
+        return None, ""
+    except BaseException:  # Ctrl-C: take the whole pytest process group down with us
+        _kill(process)
+        raise
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def first_failure(output: str) -> str:
+    """The first failed test and the first line of its error, as pytest's output names them."""
+    test = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
+    error = re.search(r"^E +(.+)$", output, re.MULTILINE)
+    why = error.group(1).strip()[:100] if error else ""
+    return (test.group(1) if test else "?") + (f" ({why})" if why else "")
+
+
+def try_breakage(tree: Path, breakage: Breakage, timeout_s: float) -> Outcome:
+    target = tree / breakage.path
+    original = target.read_text(encoding="utf-8")
+    try:
+        broken = apply(original, breakage)
+    except LookupError as exc:
+        return Outcome(breakage, "ANCHOR NOT FOUND", str(exc))
+    started = time.monotonic()
+    target.write_text(broken, encoding="utf-8")
+    try:
+        code, output = run_pytest(tree, breakage.tests, timeout_s)
+    finally:
+        target.write_text(original, encoding="utf-8")
+    seconds = time.monotonic() - started
+    if code is None:
+        return Outcome(breakage, "TIMEOUT", f"no verdict within {timeout_s:g} s", seconds)
+    if code == 1:
+        return Outcome(breakage, "CAUGHT", first_failure(output), seconds)
+    if code == 0:
+        return Outcome(breakage, "SURVIVED", "", seconds)
+    tail = " | ".join(output.strip().splitlines()[-3:])
+    return Outcome(breakage, "ERROR", f"pytest exit {code}: {tail}", seconds)
+
+
+def table(outcomes: Sequence[Outcome]) -> str:
+    rows = ["| id | breakage | file | result | caught by | s |", "|---|---|---|---|---|---|"]
+    for o in outcomes:
+        b = o.breakage
+        caught_by = o.caught_by.replace("|", "\\|")
+        rows.append(f"| {b.id} | {b.what} | {b.path} | {o.result} | {caught_by} | {o.seconds:.0f} |")
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.mutations", description=__doc__.splitlines()[0])
+    parser.add_argument("ids", nargs="*", help="breakage ids to try (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the breakages and exit")
+    parser.add_argument("--timeout-s", type=float, default=240.0, help="time bound of each pytest run (240)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the green run of the unbroken copy")
+    parser.add_argument("--tests", nargs="+", metavar="NODE", help="run these tests for every breakage instead")
+    args = parser.parse_args(argv)
+    chosen = [b for b in BREAKAGES if not args.ids or b.id in args.ids]
+    if args.tests:
+        chosen = [dataclasses.replace(b, tests=tuple(args.tests)) for b in chosen]
+    unknown = set(args.ids) - {b.id for b in BREAKAGES}
+    if unknown:
+        parser.error(f"unknown breakage id(s): {', '.join(sorted(unknown))}")
+    if args.list:
+        for b in chosen:
+            print(f"{b.id:3} {b.what}  [{b.path}]  -> {', '.join(b.tests)}")
+        return 0
+    outcomes: list[Outcome] = []
+    signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM cleans up as Ctrl-C does
+    with tempfile.TemporaryDirectory(prefix="sqs-worker-mutants-") as scratch:
+        tree = copy_tree(Path(scratch))
+        try:
+            if not args.no_baseline:
+                tests = list(dict.fromkeys(t for b in chosen for t in b.tests))
+                print(f"baseline: {len(tests)} test(s) on the unbroken copy ...", flush=True)
+                code, output = run_pytest(tree, tests, args.timeout_s * 2)
+                if code != 0:
+                    print(output[-4000:] or "(timed out)")
+                    print(f"baseline is not green (exit {code}): fix the tests before judging breakages")
+                    return 2
+            for b in chosen:
+                outcome = try_breakage(tree, b, args.timeout_s)
+                outcomes.append(outcome)
+                print(f"{b.id:3} {outcome.result:16} {b.what}  {outcome.caught_by}", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted; the checkout was never modified", file=sys.stderr)
+            if outcomes:
+                print(table(outcomes))
+            return 130
+    print()
+    print(table(outcomes))
+    return 0 if all(o.result == "CAUGHT" for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Promises no other test could fail on: each test here turns red under one breakage of ``tests/mutations.py``
+(shutdown release, refused deletes, the worker's jitter, bootstrap's redrive policy, the redrive limit)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from typing import Any
+
+from aiobotocore.session import get_session
+
+from tests.support.backends import Backend
+from tests.support.harness import make_queues, running_worker, send, sqs_client
+from tests.support.queues import assert_queue_empty, message_count, queue_counts
+from worker.batching import EntryFailed
+from worker.bootstrap import ensure_queues
+from worker.dlq import DeadLetterQueue, redrive_by_receiving
+from worker.events import Kind
+from worker.jobs import Registry
+from worker.progress import RateLimiter
+from worker.sqs import Queue
+
+
+async def test_shutdown_releases_unstarted_and_cancelled_messages(backend: Backend) -> None:
+    """At shutdown a message waiting its turn in a FIFO group and a job cancelled after the grace period are both
+    put back at once (visible), not left invisible for a whole visibility timeout."""
+    queues = make_queues(backend.endpoint_url, fifo=True)
+    registry = Registry()
+
+    @registry.job("block", timeout_s=120)
+    async def block(payload: dict[str, Any]) -> None:
+        await asyncio.Event().wait()  # runs until cancelled
+
+    client = sqs_client(backend.endpoint_url)
+    for n in (1, 2):
+        client.send_message(
+            QueueUrl=queues.queue_url,
+            MessageBody=json.dumps({"type": "block", "payload": {"n": n}}),
+            MessageGroupId="g",
+            MessageDeduplicationId=f"g-{n}",
+        )
+    async with running_worker(
+        backend.endpoint_url, queues, registry, concurrency=2, visibility_timeout_s=60, shutdown_grace_s=0.5
+    ) as running:
+        await running.recorder.wait_count(Kind.RECEIVED, 2)  # the second waits behind the first in its group
+        await running.recorder.wait_count(Kind.STARTED, 1)
+    reasons = sorted(e.reason or "" for e in running.recorder.of(Kind.RELEASED))
+    assert reasons == ["cancelled at shutdown", "shutdown"]
+    counts = queue_counts(client, queues.queue_url)
+    assert counts["ApproximateNumberOfMessages"] == 2, counts  # both visible again at once
+    assert counts["ApproximateNumberOfMessagesNotVisible"] == 0, counts
+
+
+async def test_a_refused_delete_is_reported_to_its_caller_alone(backend: Backend) -> None:
+    """Two deletes share one DeleteMessageBatch; SQS refuses one entry: that caller gets EntryFailed, the other
+    message is deleted."""
+    queues = make_queues(backend.endpoint_url)
+    send(backend.endpoint_url, queues.queue_url, {"type": "t", "payload": {}})
+    async with get_session().create_client("sqs", endpoint_url=backend.endpoint_url, region_name="us-east-1") as client:
+        queue = Queue(client, queues.queue_url)
+        [message] = await queue.receive(max_messages=1, wait_s=5, visibility_timeout_s=60)
+        good, refused = await asyncio.gather(
+            queue.delete(message.receipt_handle), queue.delete("not-a-receipt-handle"), return_exceptions=True
+        )
+    assert queue.deleter.calls == 1  # one batch of two entries
+    assert good is None
+    assert isinstance(refused, EntryFailed), f"the refused entry was reported as {refused!r}"
+    assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
+
+
+class Draws(random.Random):
+    """A random source that always draws ``value``: the jitter the worker applies becomes predictable."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(0)
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+async def test_retry_delays_are_drawn_from_the_workers_random_source(backend: Backend) -> None:
+    """The runtime jitters each retry with its injected random source: a draw of 0 gives the 50% end."""
+    queues = make_queues(backend.endpoint_url)
+    registry = Registry()
+
+    @registry.job("flaky", max_attempts=3, backoff_base_s=8, backoff_max_s=8)
+    async def flaky(payload: dict[str, Any]) -> None:
+        raise ConnectionError("upstream refused")
+
+    async with running_worker(backend.endpoint_url, queues, registry, rng=Draws(0.0)) as running:
+        send(backend.endpoint_url, queues.queue_url, {"type": "flaky", "payload": {}})
+        [retry] = await running.recorder.wait_count(Kind.RETRY_SCHEDULED, 1)
+    assert retry.delay_s == 4  # 50% of 8 s; without the draw it would be the full 8
+
+
+def test_bootstrap_sets_the_redrive_policy_it_reports(backend: Backend) -> None:
+    """The queue's redrive policy (the safety net for messages that crash the process) names the DLQ and the
+    maxReceiveCount bootstrap was given, also when bootstrap runs again with another count."""
+    client = sqs_client(backend.endpoint_url)
+    name = f"boot-{uuid.uuid4().hex[:8]}"
+    for count in (3, 4):
+        created = ensure_queues(client, name, max_receive_count=count)
+        policy = json.loads(
+            client.get_queue_attributes(QueueUrl=created.queue_url, AttributeNames=["RedrivePolicy"])["Attributes"][
+                "RedrivePolicy"
+            ]
+        )
+        dlq_arn = client.get_queue_attributes(QueueUrl=created.dlq_url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        assert created.max_receive_count == count
+        assert int(policy["maxReceiveCount"]) == count
+        assert policy["deadLetterTargetArn"] == dlq_arn
+
+
+def test_a_redrive_moves_no_more_than_its_limit(backend: Backend) -> None:
+    queues = make_queues(backend.endpoint_url)
+    client = sqs_client(backend.endpoint_url)
+    for n in range(5):
+        client.send_message(QueueUrl=queues.dlq_url, MessageBody=json.dumps({"type": "t", "payload": {"n": n}}))
+    dlq = DeadLetterQueue(client, dlq_url=queues.dlq_url, source_url=queues.queue_url)
+    result = redrive_by_receiving(dlq, limiter=RateLimiter(None), snapshot=dlq.snapshot(), limit=2)
+    assert (result.moved, result.failed) == (2, [])
+    assert message_count(client, queues.queue_url) == 2
+    assert message_count(client, queues.dlq_url) == 3
