@@ -10,7 +10,10 @@ import pytest
 import pytest_asyncio
 
 from tests.support.backends import Backend, start_localstack, start_moto
+from tests.support.harness import make_queues
 from tests.support.idempotency import dynamodb_client
+from tests.support.logs import root_logging_restored
+from worker.bootstrap import Created
 from worker.logs import configure_logging
 from worker.settings import WorkerSettings
 
@@ -51,18 +54,32 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 
 
 @pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """The commands configure logging on the root logger; undo it after the test."""
+    with root_logging_restored():
+        yield
+
+
+@pytest.fixture
 def log_stream() -> Iterator[io.StringIO]:
     """Route all logging through configure_logging into a buffer; restore the root logger afterwards."""
-    root = logging.getLogger()
-    saved_handlers, saved_level = list(root.handlers), root.level
     stream = io.StringIO()
-    configure_logging(WorkerSettings(queue="q", log_level="DEBUG"), stream=stream)
-    yield stream
-    for handler in list(root.handlers):
-        if handler not in saved_handlers:
-            root.removeHandler(handler)
-    root.setLevel(saved_level)
+    with root_logging_restored():
+        configure_logging(WorkerSettings(queue="q", log_level="DEBUG"), stream=stream)
+        yield stream
     logging.getLogger("worker").setLevel(logging.NOTSET)
+
+
+@pytest.fixture
+def queues(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> Created:
+    """A queue and its DLQ on the backend, named by WORKER_QUEUE for the CLI commands, as an operator sets it."""
+    created = make_queues(backend.endpoint_url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", backend.endpoint_url)
+    monkeypatch.setenv("WORKER_QUEUE", created.queue_url.rsplit("/", 1)[-1])
+    monkeypatch.delenv("WORKER_DEAD_LETTER_QUEUE", raising=False)
+    monkeypatch.setenv("LOGNAME", "pytest-operator")  # getpass.getuser() reads LOGNAME first, then USER
+    monkeypatch.setenv("USER", "pytest-operator")
+    return created
 
 
 @pytest_asyncio.fixture(loop_scope="function")

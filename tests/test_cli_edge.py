@@ -7,7 +7,6 @@ AWS-style errors (moto accepts anything); the missing queue from a real moto ser
 
 from __future__ import annotations
 
-import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import pytest
 
 from tests.support.backends import Backend
 from tests.support.errorserver import Answer, error_server
+from tests.support.logs import root_logging_restored
 from tests.support.process import cli, worker_env
 from worker.cli import main
 from worker.localaws import free_port
@@ -79,13 +79,8 @@ def environment(monkeypatch: pytest.MonkeyPatch, names: tuple[str, str]) -> Iter
     monkeypatch.setenv("WORKER_QUEUE", names[0])
     monkeypatch.setenv("WORKER_IDEMPOTENCY_TABLE", names[1])
     monkeypatch.setenv("WORKER_LOG_LEVEL", "WARNING")
-    root = logging.getLogger()
-    saved_handlers, saved_level = list(root.handlers), root.level
-    yield
-    for handler in list(root.handlers):
-        if handler not in saved_handlers:
-            root.removeHandler(handler)
-    root.setLevel(saved_level)
+    with root_logging_restored():
+        yield
 
 
 def assert_one_line(stderr: str, situation: Situation) -> str:

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import logging
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from tests.support.backends import Backend
-from tests.support.harness import drain, make_queues, sqs_client
+from tests.support.harness import drain, sqs_client
 from tests.support.queues import assert_queue_empty, message_count
 from worker.bootstrap import Created
 from worker.cli import main
@@ -22,6 +20,8 @@ from worker.errors import WorkerError
 from worker.progress import RateLimiter, render_progress
 
 # ------------------------------------------------------------------------------------------------ pure
+
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def letter(category: str = "bug", error: str = "TypeError: boom", **attrs: str) -> DeadLetter:
@@ -100,29 +100,6 @@ def test_render_progress() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ backends
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """The commands configure logging on the root logger; undo it after each test."""
-    root = logging.getLogger()
-    saved_handlers, saved_level = list(root.handlers), root.level
-    yield
-    for handler in list(root.handlers):
-        if handler not in saved_handlers:
-            root.removeHandler(handler)
-    root.setLevel(saved_level)
-
-
-@pytest.fixture
-def queues(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> Created:
-    created = make_queues(backend.endpoint_url)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", backend.endpoint_url)
-    monkeypatch.setenv("WORKER_QUEUE", created.queue_url.rsplit("/", 1)[-1])
-    monkeypatch.delenv("WORKER_DEAD_LETTER_QUEUE", raising=False)
-    monkeypatch.setenv("LOGNAME", "pytest-operator")  # getpass.getuser() reads LOGNAME first, then USER
-    monkeypatch.setenv("USER", "pytest-operator")
-    return created
 
 
 def dead_letter(

@@ -3,20 +3,20 @@ them again (issue 9, item 1): against each backend, by receive/send/delete and (
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.support.backends import Backend
-from tests.support.harness import make_queues, sqs_client
+from tests.support.harness import sqs_client
 from tests.test_dlq import BODY, count, dead_letter
 from worker.bootstrap import Created
 from worker.cli import main
 from worker.dlq_records import DeadLetter, Snapshot, move_task_poll_s
+
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 class PoisonWorker(threading.Thread):
@@ -50,26 +50,6 @@ class PoisonWorker(threading.Thread):
     def stop(self) -> None:
         self.stopping.set()
         self.join(timeout=10)
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    saved_handlers, saved_level = list(root.handlers), root.level
-    yield
-    for handler in list(root.handlers):
-        if handler not in saved_handlers:
-            root.removeHandler(handler)
-    root.setLevel(saved_level)
-
-
-@pytest.fixture
-def queues(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> Created:
-    created = make_queues(backend.endpoint_url)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", backend.endpoint_url)
-    monkeypatch.setenv("WORKER_QUEUE", created.queue_url.rsplit("/", 1)[-1])
-    monkeypatch.delenv("WORKER_DEAD_LETTER_QUEUE", raising=False)
-    return created
 
 
 def redrive_beside(
