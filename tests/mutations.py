@@ -4,11 +4,14 @@
     .venv/bin/python -m tests.mutations a f --list # only some (by id), or just list them
 
 Each breakage is a small textual patch of one file under worker/: ``old`` -> ``new``, where ``old`` must occur
-exactly once (after ``within``, when given, and within ``WITHIN_LINES`` lines of it). When the code moved and a
-snippet no longer matches, the breakage is reported as ``ANCHOR NOT FOUND`` (never as caught or survived):
-re-anchor it. The patches are applied to a copy of the working tree in a temporary folder, so the checkout is
-never modified, whatever happens (Ctrl-C included); the chosen tests run there on moto, with ``-x`` and a time
-bound. A baseline run of every chosen test on the unbroken copy comes first: it must be green.
+exactly once (after ``within``, when given, and within ``WITHIN_LINES`` lines of it); ``also`` holds further
+``(old, new)`` pairs of the same file, each found exactly once, for a breakage that takes two edits. When the
+code moved and a snippet no longer matches, the breakage is reported as ``ANCHOR NOT FOUND`` (never as caught or
+survived): re-anchor it, so that it breaks the same promise on today's code (the first error line in the table
+says what the test saw: it must be the broken promise, not a crash). The patches are applied to a copy of the
+working tree in a temporary folder, so the checkout is never modified, whatever happens (Ctrl-C included); the
+chosen tests run there on moto, with ``-x`` and a time bound. A baseline run of every chosen test on the
+unbroken copy comes first: it must be green.
 
 Not a test module (pytest collects ``test_*.py`` only); not part of the normal test run.
 """
@@ -44,6 +47,7 @@ class Breakage:
     new: str
     tests: tuple[str, ...]  # pytest node ids expected to catch it, quickest first
     within: str | None = None  # a distinctive snippet that ``old`` follows (for a snippet that occurs twice)
+    also: tuple[tuple[str, str], ...] = ()  # further (old, new) patches of the same file, each found once
 
 
 BREAKAGES: tuple[Breakage, ...] = (
@@ -156,10 +160,10 @@ BREAKAGES: tuple[Breakage, ...] = (
     ),
     Breakage(
         "k2",
-        "redrive limit ignored: dlq redrive moves past its bound",
+        "redrive limit ignored: dlq redrive moves past its --limit",
         "worker/dlq.py",
-        "while limit is None or result.moved < limit:",
-        "while True:",
+        "target = snapshot.count if limit is None else min(limit, snapshot.count)",
+        "target = snapshot.count  # MUTANT",
         ("tests/test_guards.py::test_a_redrive_moves_no_more_than_its_limit",),
     ),
     Breakage(
@@ -169,6 +173,58 @@ BREAKAGES: tuple[Breakage, ...] = (
         'if claim.outcome == "completed":',
         'if claim.outcome == "completed" and False:',
         ("tests/test_idempotency_runtime.py::test_a_duplicate_of_a_completed_job_is_acknowledged_without_running",),
+    ),
+    Breakage(
+        "m1",
+        "dlq redrive ignores its snapshot: moves until the DLQ is empty, dead-letters of the run again",
+        "worker/dlq.py",
+        "target = snapshot.count if limit is None else min(limit, snapshot.count)",
+        "target = 10**9 if limit is None else limit  # MUTANT",
+        ("tests/test_redrive_snapshot.py::test_receive_send_delete_moves_the_snapshot_once",),
+        also=(("if snapshot.admits(letter, moved=moved_ids)", "if True"),),
+    ),
+    Breakage(
+        "m2",
+        "dlq redrive admits what its snapshot excludes (its count still bounds the run)",
+        "worker/dlq.py",
+        "if snapshot.admits(letter, moved=moved_ids)",
+        "if True",
+        ("tests/test_redrive_snapshot.py::test_a_copy_dead_lettered_again_never_moves_twice",),
+    ),
+    Breakage(
+        "n1",
+        "a failed dead-letter send runs the handler again (the error goes up, the decision is forgotten)",
+        "worker/outcomes.py",
+        "current = self._decided.get(message.message_id)",
+        "self._decided.pop(message.message_id, None)\n                raise  # MUTANT",
+        ("tests/test_hostile_input.py::test_a_failed_dead_letter_send_is_retried_as_a_send",),
+    ),
+    Breakage(
+        "n2",
+        "a copy of a message decided dead runs again (the runtime forgets the decision)",
+        "worker/runtime.py",
+        "decided = self.outcomes.decided(message.message_id)",
+        "decided = None  # MUTANT",
+        ("tests/test_hostile_input.py::test_a_copy_of_a_dead_lettered_message_never_runs_again",),
+    ),
+    Breakage(
+        "o",
+        "shutdown releases a message whose plain def handler still runs in its thread",
+        "worker/runtime.py",
+        "if self._threads.is_running(held):",
+        "if False:  # MUTANT",
+        ("tests/test_runtime_threads.py::test_shutdown_never_releases_a_sync_job_whose_thread_still_runs",),
+    ),
+    Breakage(
+        "p",
+        "a stuck sync thread still counts as capacity (no replacement thread)",
+        "worker/threads.py",
+        "and self._threads - self._stuck < self.size",
+        "and self._threads < self.size  # MUTANT",
+        (
+            "tests/test_threads.py::test_an_overrunning_call_times_out_and_its_replacement_serves_the_next",
+            "tests/test_runtime_threads.py::test_an_overrunning_sync_job_does_not_starve_the_next",
+        ),
     ),
 )
 
@@ -202,7 +258,13 @@ def apply(text: str, breakage: Breakage) -> str:
         if count != 1:
             raise LookupError(f"{breakage.old!r} found {count} times (must be exactly once)")
         index = text.index(breakage.old)
-    return text[:index] + breakage.new + text[index + len(breakage.old) :]
+    text = text[:index] + breakage.new + text[index + len(breakage.old) :]
+    for old, new in breakage.also:
+        count = text.count(old)
+        if count != 1:
+            raise LookupError(f"{old!r} found {count} times (must be exactly once)")
+        text = text.replace(old, new)
+    return text
 
 
 def copy_tree(destination: Path) -> Path:

@@ -545,9 +545,11 @@ async def test_a_handler_raising_cancelled_error_is_retried_not_released(backend
 
 
 async def test_a_failed_dead_letter_send_is_retried_as_a_send(backend: Backend) -> None:
+    """The send fails twice: it is tried again while the message is kept invisible. A short visibility timeout, so
+    a send failure that left the message to reappear would run the handler again within the test."""
     queues = make_queues(backend.endpoint_url)
     calls = Calls()
-    async with running_worker(backend.endpoint_url, queues, hostile_registry(calls)) as running:
+    async with running_worker(backend.endpoint_url, queues, hostile_registry(calls), visibility_timeout_s=2) as running:
         dlq = running.worker.outcomes.dlq
         real_send = dlq.send
         failures: list[int] = []

@@ -64,9 +64,11 @@ async def test_a_duplicate_of_a_completed_job_is_acknowledged_without_running(ba
         send(backend.endpoint_url, queues.queue_url, body)
         await running.recorder.wait_count(Kind.SUCCEEDED, 1)
         send(backend.endpoint_url, queues.queue_url, body)
-        skipped = await running.recorder.wait_count(Kind.DUPLICATE_SKIPPED, 1)
+        # Skipped, or (the broken promise) started again: either ends the wait, so the check below says which.
+        await running.recorder.wait_for(lambda r: bool(r.of(Kind.DUPLICATE_SKIPPED)) or len(r.of(Kind.STARTED)) > 1)
     assert ran == ["a@example.com"]  # an envelope key makes even a plain job idempotent
-    assert skipped[0].idempotency_key == body["idempotency_key"]
+    skipped = running.recorder.of(Kind.DUPLICATE_SKIPPED)
+    assert [e.idempotency_key for e in skipped] == [body["idempotency_key"]]
     assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
 
 

@@ -3,6 +3,7 @@ them again (issue 9, item 1): against each backend, by receive/send/delete and (
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from typing import Any
@@ -14,7 +15,9 @@ from tests.support.harness import sqs_client
 from tests.test_dlq import BODY, count, dead_letter
 from worker.bootstrap import Created
 from worker.cli import main
+from worker.dlq import DeadLetterQueue, redrive_by_receiving
 from worker.dlq_records import DeadLetter, Snapshot, move_task_poll_s
+from worker.progress import Progress, RateLimiter
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 
@@ -128,6 +131,55 @@ def test_move_task_is_stopped_at_its_snapshot(
 def test_an_empty_dlq_moves_nothing(backend: Backend, queues: Created, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["dlq", "redrive", "--yes"]) == 0
     assert "moved 0 of 0" in capsys.readouterr().out
+
+
+class DeadLetteringAgain(Progress):
+    """A progress line that, at each update of the redrive, plays a worker failing every job at once: it receives
+    what the redrive copied to the source so far and dead-letters it again (a new DLQ message naming its source
+    message as ``original_message_id``). No thread: each update finishes its dead-letters before the next receive."""
+
+    def __init__(self, endpoint_url: str, queues: Created) -> None:
+        super().__init__(io.StringIO(), None)
+        self.client = sqs_client(endpoint_url)
+        self.queues = queues
+        self.received: list[str] = []  # source MessageIds, in order
+
+    def update(self, done: int, failed: int = 0) -> None:
+        for _ in range(20):  # bounded: the copies are in the source already, visible
+            if len(self.received) >= done:
+                return
+            response = self.client.receive_message(QueueUrl=self.queues.queue_url, MaxNumberOfMessages=10)
+            for message in response.get("Messages", []):
+                self.received.append(message["MessageId"])
+                self.client.send_message(
+                    QueueUrl=self.queues.dlq_url,
+                    MessageBody=message["Body"],
+                    MessageAttributes={
+                        "error_category": {"DataType": "String", "StringValue": "bug"},
+                        "original_message_id": {"DataType": "String", "StringValue": message["MessageId"]},
+                    },
+                )
+                self.client.delete_message(QueueUrl=self.queues.queue_url, ReceiptHandle=message["ReceiptHandle"])
+
+
+def test_a_copy_dead_lettered_again_never_moves_twice(backend: Backend, queues: Created) -> None:
+    """The snapshot counted 5, but 2 left the DLQ another way before the redrive reached them: the count has room
+    for 2 more when the 3 moved ones come back dead-lettered again, and they stay (moved 3 of 5, each once)."""
+    client = sqs_client(backend.endpoint_url)
+    for _ in range(5):
+        dead_letter(backend.endpoint_url, queues.dlq_url, BODY, category="bug", error="TypeError: boom")
+    dlq = DeadLetterQueue(client, dlq_url=queues.dlq_url, source_url=queues.queue_url)
+    snapshot = dlq.snapshot()
+    assert snapshot.count == 5
+    taken = client.receive_message(QueueUrl=queues.dlq_url, MaxNumberOfMessages=2, VisibilityTimeout=60)["Messages"]
+    for message in taken:  # another operator's `dlq requeue` or delete, say
+        client.delete_message(QueueUrl=queues.dlq_url, ReceiptHandle=message["ReceiptHandle"])
+    worker = DeadLetteringAgain(backend.endpoint_url, queues)
+    result = redrive_by_receiving(dlq, limiter=RateLimiter(None), snapshot=snapshot, progress=worker)
+    assert (result.moved, result.total, result.failed) == (3, 5, [])
+    assert len(worker.received) == 3  # each of the 3 reached the source once
+    assert count(backend.endpoint_url, queues.dlq_url) == 3  # dead-lettered again, they wait for the next redrive
+    assert count(backend.endpoint_url, queues.queue_url) == 0
 
 
 # ------------------------------------------------------------------------------------------------ pure

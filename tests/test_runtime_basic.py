@@ -85,6 +85,7 @@ async def test_bad_input_is_dead_lettered_with_its_category(backend: Backend) ->
     records = drain(backend.endpoint_url, queues.dlq_url, expect=len(BAD_INPUTS))
     assert len(records) == len(BAD_INPUTS)
     for record in records:
+        assert record.get("MessageAttributes"), f"dead-lettered without its attributes: {record}"
         attributes = {k: v["StringValue"] for k, v in record["MessageAttributes"].items()}
         body, category = ids[attributes["original_message_id"]]
         assert record["Body"] == body
