@@ -33,7 +33,10 @@ def test_the_first_backoff_is_short_and_grows_only_on_repeated_failure() -> None
 
 async def test_a_waiting_message_gets_the_next_slot_before_a_new_receive() -> None:
     slots = Slots(2)
-    assert await slots.reserve(10) == 2
+    first = await slots.reserve(10)
+    assert first.count == 2
+    slots.lend(first)  # a slow receive: its slots free for others, and both taken again
+    assert slots.take(2) == 2
     waiting = asyncio.create_task(slots.acquire(timeout_s=5))
     receiving = asyncio.create_task(slots.reserve(10))
     await asyncio.sleep(0)
@@ -42,21 +45,21 @@ async def test_a_waiting_message_gets_the_next_slot_before_a_new_receive() -> No
     await asyncio.sleep(0)
     assert not receiving.done(), "no new receive while the slot went to the waiting message"
     slots.release(1)
-    assert await asyncio.wait_for(receiving, timeout=1) == 1
+    assert (await asyncio.wait_for(receiving, timeout=1)).count == 1
 
 
 async def test_a_message_gives_up_waiting_for_a_slot_after_its_timeout() -> None:
     slots = Slots(1)
-    await slots.reserve(1)
+    assert slots.take(1) == 1  # the slot is running a job
     assert await slots.acquire(timeout_s=0.01) is False
     slots.release(1)
     assert slots.free == 1
-    assert await asyncio.wait_for(slots.reserve(5), timeout=1) == 1
+    assert (await asyncio.wait_for(slots.reserve(5), timeout=1)).count == 1
 
 
 async def test_a_cancelled_wait_leaves_no_slot_behind() -> None:
     slots = Slots(1)
-    await slots.reserve(1)
+    assert slots.take(1) == 1
     waiting = asyncio.create_task(slots.acquire(timeout_s=5))
     await asyncio.sleep(0)
     slots.release(1)  # handed to the waiter...
@@ -72,6 +75,38 @@ def test_take_never_waits_and_never_overdraws() -> None:
     assert slots.take(5) == 1
     assert slots.take(1) == 0
     assert slots.free == 0
+
+
+async def test_a_message_without_a_slot_borrows_from_a_long_poll_in_flight() -> None:
+    """The idle-worker case: a lent receive brings a message while another loop's long poll holds every free
+    slot; the message borrows one at once instead of waiting until that poll returns (up to 20 s)."""
+    slots = Slots(10)
+    slow = await slots.reserve(10)
+    slots.lend(slow)  # the slow receive gave its slots back...
+    poll = await slots.reserve(10)  # ...and another loop's long poll holds them all
+    assert (poll.count, slots.free) == (10, 0)
+    assert slots.settle(slow, 1) == 0  # the slow receive brings one message: its reservation holds nothing
+    assert slots.take(1) == 1  # borrowed from the poll in flight
+    assert poll.count == 9
+    assert slots.settle(poll, 0) == 0  # the poll returns empty: it gives back what it still holds
+    assert (slots.free, slots.in_use) == (9, 1)
+
+
+async def test_a_receive_places_no_more_than_its_reservation_still_holds() -> None:
+    slots = Slots(3)
+    poll = await slots.reserve(3)
+    assert slots.take(2) == 2  # two messages of a slow receive borrowed from it
+    assert slots.settle(poll, 3) == 1  # it brings three: one has a slot, two wait for one
+    assert (slots.free, slots.take(2)) == (0, 0)
+    slots.release(1)
+    assert await slots.acquire(timeout_s=0.01) is True
+
+
+async def test_a_waiting_message_borrows_before_it_waits() -> None:
+    slots = Slots(2)
+    poll = await slots.reserve(10)
+    assert await asyncio.wait_for(slots.acquire(timeout_s=5), timeout=1) is True
+    assert poll.count == 1
 
 
 class StalledSecondReceive(Queue):
@@ -129,3 +164,65 @@ async def test_a_stalled_receive_does_not_idle_the_slots() -> None:
         await asyncio.wait_for(task, timeout=10)
     assert ran[:2] == [1, 3]
     assert queue.deleted[:2] == ["handle-1", "handle-3"]
+
+
+class SlowAnswerThenIdle(Queue):
+    """Receive 1 brings a job (the queue looks busy); receive 2 is slow and brings its message only when the test
+    says; receive 3 answers empty (the queue went idle); every later receive is a long poll that never answers."""
+
+    def __init__(self) -> None:
+        super().__init__(cast(Any, None), "http://127.0.0.1:1/000000000000/idle")
+        self.second_may_answer = asyncio.Event()
+        self.long_poll_holds_the_slot = asyncio.Event()
+        self._calls = 0
+
+    async def receive(self, *, max_messages: int, wait_s: int, visibility_timeout_s: int) -> list[Message]:
+        self._calls += 1
+        call = self._calls
+        if call == 2:
+            await self.second_may_answer.wait()
+        elif call == 3:
+            return []
+        elif call > 3:
+            self.long_poll_holds_the_slot.set()
+            await asyncio.Event().wait()  # an idle long poll; cancelled at shutdown
+        body = json.dumps({"type": "mark", "payload": {"n": call}})
+        return [Message(f"id-{call}", f"handle-{call}", body, {"ApproximateReceiveCount": "1"}, {})]
+
+    async def _delete_batch(self, handles: list[str]) -> dict[int, EntryFailed]:
+        return {}
+
+    async def _visibility_batch(self, items: list[tuple[str, int]]) -> dict[int, EntryFailed]:
+        return {}
+
+
+async def test_a_late_answer_on_an_idle_worker_runs_at_once() -> None:
+    """A message a slow (lent) receive brings while another loop's idle long poll holds the free slot runs at
+    once, borrowing that slot; it used to wait half a visibility timeout and then be released unrun."""
+    registry = Registry()
+    ran: list[int] = []
+    second_ran = asyncio.Event()
+
+    @registry.job("mark")
+    async def mark(payload: dict[str, int]) -> None:
+        ran.append(payload["n"])
+        if payload["n"] == 2:
+            second_ran.set()
+
+    queue = SlowAnswerThenIdle()
+    worker = Worker(
+        registry=registry,
+        queue=queue,
+        dlq=SlowAnswerThenIdle(),
+        options=RuntimeOptions(concurrency=1, visibility_timeout_s=30, shutdown_grace_s=5, poll_wait_s=20),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await asyncio.wait_for(queue.long_poll_holds_the_slot.wait(), timeout=5)
+        queue.second_may_answer.set()
+        await asyncio.wait_for(second_ran.wait(), timeout=3)  # before the fix: 15 s, then released unrun
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    assert ran == [1, 2]

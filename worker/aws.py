@@ -298,15 +298,22 @@ def cli_options(*, read_timeout_s: float = CLI_READ_TIMEOUT_S) -> dict[str, Any]
     return _options(read_timeout_s=read_timeout_s, attempts=CLI_BOTOCORE_ATTEMPTS, pool=10)
 
 
-def sync_client(service: str, *, read_timeout_s: float = CLI_READ_TIMEOUT_S) -> Any:
-    """A blocking boto3 client for the CLI: region from the settings, endpoint and credentials from botocore."""
+def sync_client(
+    service: str, *, read_timeout_s: float = CLI_READ_TIMEOUT_S, connection: Mapping[str, Any] | None = None
+) -> Any:
+    """A blocking boto3 client with the CLI's options: region from the settings, endpoint and credentials from
+    botocore, unless ``connection`` (``WorkerSettings.aws().client_kwargs()``) says where, as for ``async_client``."""
     import boto3
     from botocore.config import Config
 
+    create: Any = boto3.client  # the service is a runtime value: no overload of the stubs applies
+    return create(service, config=Config(**cli_options(read_timeout_s=read_timeout_s)), **_where(connection))
+
+
+def _where(connection: Mapping[str, Any] | None) -> dict[str, Any]:
     from worker.settings import aws_region
 
-    create: Any = boto3.client  # the service is a runtime value: no overload of the stubs applies
-    return create(service, region_name=aws_region(), config=Config(**cli_options(read_timeout_s=read_timeout_s)))
+    return dict(connection) if connection is not None else {"region_name": aws_region()}
 
 
 def async_client(
@@ -318,11 +325,10 @@ def async_client(
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
 
-    from worker.settings import aws_region
-
-    where = dict(connection) if connection is not None else {"region_name": aws_region()}
     create: Any = get_session().create_client  # the service is a runtime value: no overload of the stubs applies
-    manager: AbstractAsyncContextManager[Any] = create(service, config=config or AioConfig(**cli_options()), **where)
+    manager: AbstractAsyncContextManager[Any] = create(
+        service, config=config or AioConfig(**cli_options()), **_where(connection)
+    )
     return manager
 
 

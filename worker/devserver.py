@@ -61,8 +61,7 @@ def run_dev(*, port: int = 0, demo: bool = True) -> int:
 
 
 async def _dev(settings: WorkerSettings, *, demo: bool) -> int:
-    import boto3
-
+    from worker.aws import sync_client
     from worker.bootstrap import ensure_queues
     from worker.commands.core import default_max_receive_count
     from worker.jobs import default_registry, import_handlers
@@ -73,7 +72,7 @@ async def _dev(settings: WorkerSettings, *, demo: bool) -> int:
     configure_logging(settings)
     import_handlers(["worker.examples", *settings.handlers])
     connection = settings.aws()
-    client = boto3.client("sqs", **connection.client_kwargs())
+    client = sync_client("sqs", connection=connection.client_kwargs())
     created = ensure_queues(client, settings.queue, max_receive_count=default_max_receive_count())
     if settings.idempotency_table:
         await _ensure_table(connection, settings.idempotency_table)
@@ -135,11 +134,10 @@ def banner(settings: WorkerSettings) -> str:
 
 
 async def _ensure_table(connection: AwsConnection, name: str) -> None:
-    from aiobotocore.session import get_session
-
+    from worker.aws import async_client
     from worker.idempotency import create_table
 
-    async with get_session().create_client("dynamodb", **connection.client_kwargs()) as client:
+    async with async_client("dynamodb", connection=connection.client_kwargs()) as client:
         await create_table(client, name)
 
 
@@ -149,16 +147,16 @@ def _scheduler(connection: AwsConnection, path: str, queue_url: str) -> Companio
     schedules = load_schedules(path)
 
     async def companion(stop: asyncio.Event) -> None:
-        from aiobotocore.session import get_session
+        from worker.aws import async_client
 
-        async with get_session().create_client("sqs", **connection.client_kwargs()) as client:
+        async with async_client("sqs", connection=connection.client_kwargs()) as client:
 
             async def send_body(body: str, schedule: Schedule) -> None:
                 kwargs: dict[str, str] = {}
                 if queue_url.endswith(".fifo"):
                     kwargs["MessageGroupId"] = schedule.name
                     kwargs["MessageDeduplicationId"] = hashlib.sha256(body.encode()).hexdigest()
-                await client.send_message(QueueUrl=queue_url, MessageBody=body, **kwargs)  # type: ignore[arg-type]
+                await client.send_message(QueueUrl=queue_url, MessageBody=body, **kwargs)
 
             await run_local_scheduler(schedules, send_body, stop)
 

@@ -468,9 +468,10 @@ def build_metrics_observer(
         return None
     if settings.metrics == "cloudwatch":
         if cloudwatch_client is None:
-            import boto3
+            from worker.aws import sync_client
 
-            cloudwatch_client = boto3.client("cloudwatch", **settings.aws().client_kwargs())
+            # botocore's attempts are the only retry of a put; a put that still fails drops its data (logged)
+            cloudwatch_client = sync_client("cloudwatch", connection=settings.aws().client_kwargs())
         return CloudWatchObserver(
             namespace=settings.metrics_namespace,
             queue=queue_name,

@@ -133,11 +133,10 @@ class Worker:
         (``_place_later``). A failed receive pauses its loop by the RECEIVE budget of ``worker.budgets``."""
         failures = 0  # failed receives in a row
         while not self._stopping:
-            reserved = await self._slots.reserve(10)
-            lent = False
+            reservation = await self._slots.reserve(10)
             receive = asyncio.ensure_future(
                 self.queue.receive(
-                    max_messages=reserved,
+                    max_messages=reservation.count,
                     wait_s=self.options.poll_wait_s,
                     visibility_timeout_s=self.options.visibility_timeout_s,
                 )
@@ -145,12 +144,10 @@ class Worker:
             try:
                 done, _ = await asyncio.wait({receive}, timeout=HEDGE_AFTER_S if self._queue_busy else None)
                 if not done:
-                    self._slots.release(reserved)
-                    lent = True
+                    self._slots.lend(reservation)
                 messages = await receive
             except Exception as exc:
-                if not lent:
-                    self._slots.release(reserved)
+                self._slots.settle(reservation, 0)
                 if isinstance(exc, ConfigError):
                     self.fatal = exc
                     stop.set()
@@ -163,17 +160,15 @@ class Worker:
                 continue
             except asyncio.CancelledError:
                 receive.cancel()
-                if not lent:
-                    self._slots.release(reserved)
+                self._slots.settle(reservation, 0)
                 raise
             failures = 0
             self._sqs.up()
             self._queue_busy = bool(messages)
-            if lent:
-                placed = self._slots.take(len(messages))
-            else:
-                placed = len(messages)
-                self._slots.release(reserved - placed)
+            # What its reservation still holds (a lent one or one borrowed from holds less), then free or borrowed
+            # slots; the rest waits for a slot.
+            placed = self._slots.settle(reservation, len(messages))
+            placed += self._slots.take(len(messages) - placed)
             for message in messages[:placed]:
                 self._accept(message)
             for message in messages[placed:]:

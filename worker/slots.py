@@ -1,12 +1,26 @@
 """Handler slots: how many more messages this worker may hold. Receive loops reserve slots before they
 ask SQS for messages, so a worker never takes more than it can start at once; messages that arrived without a
-slot (a slow receive whose slots went to another loop) wait for one ahead of any new receive."""
+slot (a slow receive whose slots went to another loop) take a free one, else borrow one from a receive still in
+flight (a long poll on an idle queue rarely fills its reservation), else wait for one ahead of any new receive."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 from collections import deque
+
+
+class Reservation:
+    """The slots one receive holds while it is in flight; a message that arrived without a slot may borrow from
+    it (``count`` goes down), so the receive then places fewer of what it brings."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __repr__(self) -> str:
+        return f"Reservation({self.count})"
 
 
 class Slots:
@@ -20,26 +34,55 @@ class Slots:
         self._available = asyncio.Event()
         self._available.set()
         self._waiters: deque[asyncio.Future[bool]] = deque()
+        #: Reservations of receives in flight (not lent): what a message without a slot may borrow from.
+        self._open: list[Reservation] = []
 
-    async def reserve(self, most: int) -> int:
-        """Wait until at least one slot is free and no message waits for one, then take up to ``most``."""
+    async def reserve(self, most: int) -> Reservation:
+        """Wait until at least one slot is free and no message waits for one, then take up to ``most`` for a
+        receive; ``settle`` it when the receive returns, or ``lend`` it when the receive is slow."""
         while self.free == 0 or self._waiters:
             self._available.clear()
             await self._available.wait()
         taken = min(most, self.free)
         self.free -= taken
-        return taken
+        reservation = Reservation(taken)
+        self._open.append(reservation)
+        return reservation
+
+    def settle(self, reservation: Reservation, received: int) -> int:
+        """The receive of ``reservation`` returned ``received`` messages: keep a slot for as many as it still
+        holds, give back the rest. Returns how many of the messages have a slot (0 for a lent reservation)."""
+        if reservation in self._open:
+            self._open.remove(reservation)
+        placed = min(received, reservation.count)
+        spare, reservation.count = reservation.count - placed, 0
+        self.release(spare)
+        return placed
+
+    def lend(self, reservation: Reservation) -> None:
+        """A slow receive gives its slots back for other loops; what it brings later ``take``s slots."""
+        self.settle(reservation, 0)
 
     def take(self, most: int) -> int:
-        """Take up to ``most`` free slots without waiting (possibly none)."""
+        """Take up to ``most`` slots without waiting (possibly none): free ones, then borrowed from receives in
+        flight."""
         taken = min(most, self.free)
         self.free -= taken
-        return taken
+        return taken + self._borrow(most - taken)
+
+    def _borrow(self, most: int) -> int:
+        borrowed = 0
+        for reservation in sorted(self._open, key=lambda r: -r.count):
+            if borrowed == most:
+                break
+            share = min(most - borrowed, reservation.count)
+            reservation.count -= share
+            borrowed += share
+        return borrowed
 
     async def acquire(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for one slot, ahead of ``reserve``. True when it was taken."""
-        if self.free > 0 and not self._waiters:
-            self.free -= 1
+        if not self._waiters and self.take(1) == 1:
             return True
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
