@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 import uuid
 from typing import Any
 
@@ -46,11 +47,59 @@ async def test_shutdown_releases_unstarted_and_cancelled_messages(backend: Backe
     ) as running:
         await running.recorder.wait_count(Kind.RECEIVED, 2)  # the second waits behind the first in its group
         await running.recorder.wait_count(Kind.STARTED, 1)
-    reasons = sorted(e.reason or "" for e in running.recorder.of(Kind.RELEASED))
-    assert reasons == ["cancelled at shutdown", "shutdown"]
-    counts = queue_counts(client, queues.queue_url)
-    assert counts["ApproximateNumberOfMessages"] == 2, counts  # both visible again at once
-    assert counts["ApproximateNumberOfMessagesNotVisible"] == 0, counts
+    released = running.recorder.of(Kind.RELEASED)
+    assert sorted(e.reason or "" for e in released) == ["cancelled at shutdown", "shutdown"]
+    # Visible again as soon as the long polls the shutdown abandoned have ended (poll_wait_s 1 s, + 1 s), not
+    # after the 60 s visibility timeout.
+    assert all((e.delay_s or 0) <= 2 for e in released), released
+    await wait_until_counts(client, queues.queue_url, visible=2, timeout_s=5)
+
+
+async def wait_until_counts(client: Any, queue_url: str, *, visible: int, timeout_s: float) -> None:
+    """Bounded polling of the queue's counts (SQS has no event for a message turning visible)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        counts = queue_counts(client, queue_url)
+        if counts["ApproximateNumberOfMessages"] == visible and counts["ApproximateNumberOfMessagesNotVisible"] == 0:
+            return
+        assert time.monotonic() < deadline, f"not {visible} visible within {timeout_s} s: {counts}"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_release_at_shutdown_outlasts_the_abandoned_long_polls(backend: Backend) -> None:
+    """At shutdown the worker abandons its long polls, but SQS keeps them open: a message released at visibility 0
+    went to one of them and stayed invisible for a whole visibility timeout (with one more receive counted). The
+    release waits out those polls instead: visible again within poll_wait_s + 1 s, received once."""
+    queues = make_queues(backend.endpoint_url)
+    registry = Registry()
+
+    @registry.job("block", timeout_s=120)
+    async def block(payload: dict[str, Any]) -> None:
+        await asyncio.Event().wait()  # runs until cancelled
+
+    client = sqs_client(backend.endpoint_url)
+    send(backend.endpoint_url, queues.queue_url, {"type": "block", "payload": {}})
+    async with running_worker(
+        backend.endpoint_url,
+        queues,
+        registry,
+        concurrency=2,
+        visibility_timeout_s=60,
+        shutdown_grace_s=0.2,
+        poll_wait_s=3,
+    ) as running:
+        await running.recorder.wait_count(Kind.STARTED, 1)
+        await asyncio.sleep(0.3)  # the other receive loops are in their long polls now (nothing to await across HTTP)
+    [released] = running.recorder.of(Kind.RELEASED)
+    assert 0 < (released.delay_s or 0) <= 4, released
+    # Past the end of every poll the shutdown abandoned (SQS's own deadline: no event to await), the message
+    # must be visible; taken by an abandoned poll it would be invisible for its 60 s visibility timeout.
+    await asyncio.sleep(max(0.0, running.worker._abandoned_until - time.monotonic()) + 0.5)
+    await wait_until_counts(client, queues.queue_url, visible=1, timeout_s=5)
+    [message] = client.receive_message(
+        QueueUrl=queues.queue_url, AttributeNames=["ApproximateReceiveCount"], WaitTimeSeconds=1
+    )["Messages"]
+    assert message["Attributes"]["ApproximateReceiveCount"] == "2", "an abandoned long poll took it first"
 
 
 async def test_a_refused_delete_is_reported_to_its_caller_alone(backend: Backend) -> None:

@@ -85,6 +85,11 @@ class Worker:
         self._stopping = False
         #: The last receive brought messages: a slow receive now is trouble, not a long poll on an empty queue.
         self._queue_busy = False
+        #: When each receive in flight began (monotonic); at shutdown they are abandoned, not answered.
+        self._polls: dict[asyncio.Future[list[Message]], float] = {}
+        #: Until when a receive abandoned at shutdown may still take a message SQS makes visible (its long poll
+        #: goes on at SQS although nobody reads its answer).
+        self._abandoned_until = 0.0
         #: Threads for plain ``def`` handlers: one healthy thread per slot, whatever stuck threads do.
         self._threads = JobThreads(options.concurrency)
         self._sqs = Connectivity("sqs", self.observers)
@@ -141,6 +146,8 @@ class Worker:
                     visibility_timeout_s=self.options.visibility_timeout_s,
                 )
             )
+            self._polls[receive] = time.monotonic()
+            receive.add_done_callback(self._polls.pop)
             try:
                 done, _ = await asyncio.wait({receive}, timeout=HEDGE_AFTER_S if self._queue_busy else None)
                 if not done:
@@ -200,7 +207,15 @@ class Worker:
     async def _release_unplaced(self, message: Message) -> None:
         now = time.monotonic()
         held = Held(message, received_at=now, visible_until=now + self.options.visibility_timeout_s)
-        await asyncio.shield(self.outcomes.release(held, delay_s=0, reason="no free slot after a slow receive"))
+        await asyncio.shield(
+            self.outcomes.release(held, delay_s=self._release_delay_s(), reason="no free slot after a slow receive")
+        )
+
+    def _release_delay_s(self) -> int:
+        """The visibility a message is put back with: 0, except while a receive abandoned at shutdown may still be
+        open at SQS; then until it has ended, so the worker's own abandoned long poll cannot take the message for a
+        whole visibility timeout (and count a receive)."""
+        return max(0, math.ceil(self._abandoned_until - time.monotonic()))
 
     def _accept(self, message: Message) -> None:
         now = time.monotonic()
@@ -451,7 +466,7 @@ class Worker:
             )
             return
         await self._ledger_settle(held, "cancelled at shutdown", final=False)
-        await self.outcomes.release(held, delay_s=0, reason="cancelled at shutdown")
+        await self.outcomes.release(held, delay_s=self._release_delay_s(), reason="cancelled at shutdown")
 
     # ----------------------------------------------------------------------------------------------- releasing
 
@@ -466,6 +481,8 @@ class Worker:
 
     async def _shutdown(self, receivers: list[asyncio.Task[None]], heartbeat: asyncio.Task[None]) -> None:
         self._stopping = True
+        if self._polls:  # abandoned below; SQS ends each at most poll_wait_s after it began (+1 s for the clocks)
+            self._abandoned_until = max(self._polls.values()) + self.options.poll_wait_s + 1
         for task in receivers:
             task.cancel()
         await asyncio.gather(*receivers, return_exceptions=True)
@@ -473,7 +490,7 @@ class Worker:
         for group in self._groups.values():
             group.clear()
         if waiting:
-            await self._release_all(waiting, reason="shutdown")
+            await self._release_all(waiting, reason="shutdown", delay_s=self._release_delay_s())
         running = set(self._jobs)
         if running:
             log.info("waiting up to %.0f s for %d running job(s)", self.options.shutdown_grace_s, len(running))
