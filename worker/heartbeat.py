@@ -25,13 +25,15 @@ EXTEND_BELOW_SHARE = 0.5
 
 
 class Heartbeat:
-    """Extends the visibility of the messages in ``held`` before it lapses; reports gauges once a tick."""
+    """Extends the visibility of the messages it tracks before it lapses; reports gauges once a tick.
+
+    The runtime ``track``s a message from its receive and ``untrack``s it when its outcome begins; a tracked
+    message is one this worker holds (``in_flight``)."""
 
     def __init__(
         self,
         *,
         queue: Queue,
-        held: dict[str, Held],
         slots: Slots,
         visibility_timeout_s: int,
         observers: Observers,
@@ -41,7 +43,7 @@ class Heartbeat:
         threads: JobThreads | None = None,
     ) -> None:
         self.queue = queue
-        self.held = held
+        self._held: dict[str, Held] = {}
         self.slots = slots
         self.visibility_timeout_s = visibility_timeout_s
         self.observers = observers
@@ -49,6 +51,19 @@ class Heartbeat:
         self.dynamodb = dynamodb
         self.ledger = ledger
         self.threads = threads
+
+    def track(self, held: Held) -> None:
+        self._held[held.message.receipt_handle] = held
+
+    def untrack(self, held: Held) -> bool:
+        """Stop extending ``held``; False when it was not tracked (already untracked)."""
+        return self._held.pop(held.message.receipt_handle, None) is not None
+
+    def tracked(self) -> list[Held]:
+        return list(self._held.values())
+
+    def __len__(self) -> int:
+        return len(self._held)
 
     def _emit(self, kind: Kind, held: Held, **fields: Any) -> None:
         self.observers.emit(held.event(kind, self.queue.name, **fields))
@@ -58,13 +73,13 @@ class Heartbeat:
         while True:
             # Free for jobs: slots a receive loop reserved for its long poll count as free, not busy.
             self.observers.gauge(
-                in_flight=len(self.held),
-                free_slots=self.slots.total - len(self.held),
+                in_flight=len(self._held),
+                free_slots=self.slots.total - len(self._held),
                 stuck_threads=0 if self.threads is None else self.threads.stuck,
             )
             now = time.monotonic()
             threshold = self.visibility_timeout_s * EXTEND_BELOW_SHARE
-            for held in list(self.held.values()):
+            for held in self.tracked():
                 if held.finishing or held.lost or (held.extension is not None and not held.extension.done()):
                     continue
                 if held.visible_until - now < threshold:

@@ -79,7 +79,6 @@ class Worker:
         self.ledger = ledger
         self._rng = rng or random.Random()
         self._slots = Slots(options.concurrency)
-        self._held: dict[str, Held] = {}
         self._groups: dict[str, deque[Held]] = {}
         self._jobs: set[asyncio.Task[Any]] = set()
         self._stopping = False
@@ -97,7 +96,6 @@ class Worker:
         self.outcomes = Outcomes(queue=queue, dlq=dlq, observers=self.observers)
         self.heartbeat = Heartbeat(
             queue=queue,
-            held=self._held,
             slots=self._slots,
             visibility_timeout_s=options.visibility_timeout_s,
             observers=self.observers,
@@ -220,7 +218,7 @@ class Worker:
     def _accept(self, message: Message) -> None:
         now = time.monotonic()
         held = Held(message, received_at=now, visible_until=now + self.options.visibility_timeout_s)
-        self._held[message.receipt_handle] = held
+        self.heartbeat.track(held)
         self._emit(Kind.RECEIVED, held)
         group = message.group_id if self.queue.is_fifo else None
         if group is None:
@@ -280,7 +278,7 @@ class Worker:
                 del self._groups[group]
 
     def _forget(self, held: Held) -> None:
-        if self._held.pop(held.message.receipt_handle, None) is not None:
+        if self.heartbeat.untrack(held):
             self._slots.release(1)
 
     # ----------------------------------------------------------------------------------------------- one job
@@ -497,7 +495,7 @@ class Worker:
             _, pending = await asyncio.wait(running, timeout=self.options.shutdown_grace_s)
             if pending:
                 await self._cancel_jobs(pending)
-        await asyncio.gather(*(h.extension for h in self._held.values() if h.extension), return_exceptions=True)
+        await asyncio.gather(*(h.extension for h in self.heartbeat.tracked() if h.extension), return_exceptions=True)
         heartbeat.cancel()
         await asyncio.gather(heartbeat, return_exceptions=True)
         await asyncio.gather(self.queue.drain(), self.dlq.drain())
@@ -508,7 +506,7 @@ class Worker:
     async def _cancel_jobs(self, pending: set[asyncio.Task[Any]]) -> None:
         """Past the grace: cancel the jobs and release their messages. A plain ``def`` handler's thread cannot be
         stopped: its job waits up to THREAD_FINISH_WAIT_S more, acknowledged if it finishes, else left invisible."""
-        threaded = sum(1 for held in self._held.values() if self._threads.is_running(held))
+        threaded = sum(1 for held in self.heartbeat.tracked() if self._threads.is_running(held))
         self._threads.wait_on_cancel(THREAD_FINISH_WAIT_S)
         for task in pending:
             task.cancel()
@@ -529,7 +527,7 @@ class Worker:
 
     @property
     def in_flight(self) -> int:
-        return len(self._held)
+        return len(self.heartbeat)
 
 
 def receive_backoff_s(*, failures: int, rng: random.Random) -> float:
