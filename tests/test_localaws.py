@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import pytest
@@ -32,3 +33,12 @@ def test_a_port_left_in_time_wait_is_free_again_at_once() -> None:
                 assert answer.startswith(b"HTTP/1.1 200") or answer.startswith(b"HTTP/1.0 200")
     with LocalAws(port=port) as second:
         assert second.port == port
+
+
+def test_a_server_error_is_logged_as_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    """Any other error of the embedded server (werkzeug's "Error on request" with a traceback) is one line."""
+    LocalAws()  # installs the filter on the werkzeug logger
+    traceback = "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nKeyError: 'QueueUrl'"
+    with caplog.at_level(logging.INFO, logger="werkzeug"):
+        logging.getLogger("werkzeug").error("Error on request:\n%s", traceback)
+    assert [record.getMessage() for record in caplog.records] == ["local AWS: error on request: KeyError: 'QueueUrl'"]
