@@ -194,7 +194,7 @@ def test_redrive_moves_everything_back(backend: Backend, queues: Created, capsys
     expected_method = "move-task" if backend.name == "localstack" else "receive-send-delete"
     assert f"moved 6 of 6 by {expected_method}" in out
     assert "moved" in err  # the progress line
-    # moto answers StartMessageMoveTask with an HTML 500 page: logged as one short line, never the page.
+    # moto lacks StartMessageMoveTask (worker.localaws answers 501; plain moto an HTML 500 page): never the page.
     assert "<html" not in err.lower()
     assert all(len(line) < 400 for line in err.splitlines())
     moved = drain(backend.endpoint_url, queues.queue_url, expect=6, timeout_s=15)

@@ -393,7 +393,7 @@ def start_move_task(sqs: SQSClient, *, dlq_arn: str, source_arn: str, rate_per_s
         )
     except ClientError as exc:
         if _is_unsupported(exc):
-            log.info("StartMessageMoveTask is not supported here (%s); moving by receive, send, delete", describe(exc))
+            log.debug("StartMessageMoveTask is not supported here (%s); moving by receive, send, delete", describe(exc))
             return None
         raise translate(exc, "StartMessageMoveTask", resource=dlq_arn.rsplit(":", 1)[-1]) from exc
     except BotoCoreError as exc:

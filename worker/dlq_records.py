@@ -5,6 +5,7 @@ messages one redrive may move (its snapshot) and how it follows a move task."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +13,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from worker.deadletter import OUR_ATTRIBUTES
-from worker.errors import WorkerError
+from worker.envelope import parse_envelope
+from worker.errors import InvalidMessage, WorkerError
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs.type_defs import MessageTypeDef
@@ -69,13 +71,13 @@ class DeadLetter:
 
     @property
     def job_type(self) -> str | None:
-        """The envelope's ``type``, when the body is an envelope (only the type: payloads are not shown)."""
+        """The envelope's ``type``, when the body is an envelope the worker accepts (only the type: payloads are
+        not shown). Decided by the worker's own parser, so a hostile body (nested 10,000 deep, a huge integer, a
+        lone surrogate) is just not an envelope here either."""
         try:
-            data = json.loads(self.body)
-        except ValueError:
+            return parse_envelope(self.body).type
+        except InvalidMessage:
             return None
-        kind = data.get("type") if isinstance(data, dict) else None
-        return kind if isinstance(kind, str) else None
 
     def matches(self, ident: str) -> bool:
         return ident in (self.message_id, self.original_message_id)
@@ -148,8 +150,32 @@ def group_dead_letters(letters: Iterable[DeadLetter]) -> list[Group]:
     return sorted(groups.values(), key=lambda g: (-g.count, g.category, g.error_message))
 
 
+#: What a terminal must not receive raw: C0 and C1 control characters (escape sequences) and lone surrogates
+#: (not encodable as UTF-8).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+#: Inside JSON text json.dumps(ensure_ascii=False) already escapes C0 controls; these it leaves raw.
+_UNPRINTABLE_IN_JSON = re.compile("[\x7f-\x9f\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters and lone surrogates escaped (``\\x1b``, ``\\udfff``): safe to print."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def printable_json(value: Any) -> str:
+    """Indented JSON that keeps readable non-ASCII text but escapes what a terminal or UTF-8 cannot take (the
+    same JSON value: a JSON string may spell any character as ``\\uXXXX``)."""
+    text = json.dumps(value, indent=2, ensure_ascii=False)
+    return _UNPRINTABLE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def _clip(text: str, width: int) -> str:
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 

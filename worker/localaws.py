@@ -2,19 +2,25 @@
 
 ``sqs-worker dev`` starts one in-process; tests run ``python -m worker.localaws --port N`` as a separate
 process. Item writes to DynamoDB are made to take turns, as real DynamoDB serialises writes to an item
-(moto's conditional writes are check-then-write without a lock).
+(moto's conditional writes are check-then-write without a lock). An action moto lacks (StartMessageMoveTask)
+answers 501 UnsupportedOperation, which botocore does not retry, instead of a 500 page (retried, and logged
+as a 45-line traceback per try); any other error of the server is logged as one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import logging
 import signal
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from werkzeug.serving import BaseWSGIServer
 
 _WRITE_METHODS = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
 _lock_installed = False
@@ -45,6 +51,43 @@ def _locked(method: Callable[..., Any], lock: threading.RLock) -> Callable[..., 
     return wrapper
 
 
+def _not_implemented(exc: NotImplementedError) -> Any:
+    from flask import Response
+
+    body = json.dumps({"__type": "UnsupportedOperation", "message": f"{exc} (local AWS: moto)"})
+    return Response(body, status=501, content_type="application/x-amz-json-1.0")
+
+
+def backend_app(service: Any) -> Any:
+    """moto's app for one service, answering an action moto lacks with 501 UnsupportedOperation."""
+    from moto.moto_server.werkzeug_app import create_backend_app
+
+    app = create_backend_app(service)
+    app.register_error_handler(NotImplementedError, _not_implemented)
+    return app
+
+
+class _OneLine(logging.Filter):
+    """werkzeug's "Error on request" records carry a whole traceback: keep its last line (the error)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            lines = record.getMessage().strip().splitlines()
+            record.msg, record.args = "local AWS: error on request: %s", (lines[-1] if lines else "",)
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_request_errors() -> None:
+    """The server's request log: errors as one line each, through the process's own logging (idempotent)."""
+    logger = logging.getLogger("werkzeug")
+    logger.setLevel(logging.ERROR)
+    if not any(isinstance(f, _OneLine) for f in logger.filters):
+        logger.addFilter(_OneLine())
+    if not logger.handlers:  # else werkzeug adds its own stream handler (a second copy of each line)
+        logger.addHandler(logging.NullHandler())
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -57,35 +100,57 @@ class LocalAws:
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = None) -> None:
         try:
-            from moto.server import ThreadedMotoServer
+            import moto.server  # noqa: F401
         except ImportError as exc:  # pragma: no cover - depends on the install
             from worker.errors import ConfigError
 
             raise ConfigError("the embedded local AWS needs moto: pip install 'sqs-worker[dev]'") from exc
         serialise_dynamodb_writes()
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        quiet_request_errors()
         self.host = host
         self.port = port or free_port(host)
-        self._server = ThreadedMotoServer(ip_address=host, port=self.port, verbose=False)
+        self._server: BaseWSGIServer | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def endpoint_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> LocalAws:
-        # The server's own start waits without a bound for a server that failed to bind: check the port first.
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler
+        from werkzeug.serving import make_server
+
+        from worker.errors import ConfigError
+
+        # werkzeug prints and exits when it cannot bind: check the port first, with SO_REUSEADDR as werkzeug's
+        # server binds (a port whose last server just stopped, only TIME-WAIT connections left, is free; a port
+        # another socket listens on is not).
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((self.host, self.port))
             except OSError as exc:
-                from worker.errors import ConfigError
-
                 raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from exc
-        self._server.start()
+        try:
+            self._server = make_server(
+                self.host,
+                self.port,
+                DomainDispatcherApplication(backend_app),
+                threaded=True,
+                request_handler=MotoRequestHandler,
+            )
+        except SystemExit as exc:  # taken between the check and the bind
+            raise ConfigError(f"cannot listen on {self.host}:{self.port}: address already in use") from exc
+        self._thread = threading.Thread(target=self._server.serve_forever, name="local-aws", daemon=True)
+        self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._server.stop()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join()
 
     def __enter__(self) -> LocalAws:
         return self.start()

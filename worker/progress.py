@@ -60,6 +60,7 @@ class Progress:
         self.total = total
         self._tty = bool(getattr(stream, "isatty", lambda: False)())
         self._last_decile = -1
+        self._last_line: str | None = None  # the last line written (not on a terminal)
 
     def update(self, done: int, failed: int = 0) -> None:
         text = render_progress(done, self.total, failed=failed)
@@ -70,10 +71,14 @@ class Progress:
             if decile == self._last_decile:
                 return
             self._last_decile = decile
+            self._last_line = text
             self.stream.write(text + "\n")
         self.stream.flush()
 
     def finish(self, done: int, failed: int = 0) -> None:
+        """The final line (not repeated when the last update wrote it already)."""
         text = render_progress(done, self.total, failed=failed)
+        if not self._tty and text == self._last_line:
+            return
         self.stream.write(("\r" + text if self._tty else text) + "\n")
         self.stream.flush()

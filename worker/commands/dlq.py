@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from worker.aws import resolve_queue_url_sync, sync_client
+from worker.commands import plain_help
 from worker.dlq import (
     MOVE_TASK_MAX_RATE,
     DeadLetterQueue,
@@ -26,7 +27,7 @@ from worker.dlq import (
     start_move_task,
     wait_move_task,
 )
-from worker.dlq_records import format_groups, group_dead_letters
+from worker.dlq_records import format_groups, group_dead_letters, printable, printable_json
 from worker.logs import configure_logging
 from worker.names import queue_name_of
 from worker.progress import Progress, RateLimiter
@@ -60,7 +61,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "dlq",
         help="inspect and replay the dead-letter queue",
-        description=__doc__,
+        description=plain_help(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
@@ -131,9 +132,9 @@ def run_show(args: argparse.Namespace) -> int:
     dlq = open_dlq()
     letter = dlq.find(args.id, limit=args.limit)
     if letter is None:
-        print(f"no dead letter with id {args.id} among the first {args.limit} read", file=sys.stderr)
+        print(f"no dead letter with id {printable(args.id)} among the first {args.limit} read", file=sys.stderr)
         return 1
-    print(json.dumps(letter.describe(), indent=2, ensure_ascii=False))
+    print(printable_json(letter.describe()))
     return 0
 
 
@@ -215,13 +216,14 @@ def run_requeue(args: argparse.Namespace) -> int:
             chosen = [letter for letter in letters if wanted & {letter.message_id, letter.original_message_id}]
         missing = sorted(i for i in wanted if not any(letter.matches(i) for letter in chosen))
         result = requeue(dlq, chosen, by=_who(args.by), reason=args.reason.strip(), at=now_utc())
-    for ident in missing:
-        result.failed.append((ident, f"not found among the first {args.limit} dead letters read"))
     for old_id, new_id in result.new_message_ids:
         print(f"requeued {old_id} as {new_id}")
+    for ident in missing:  # not a message left behind: there is none with that id (among those read)
+        print(f"no dead letter with id {printable(ident)} among the first {args.limit} read", file=sys.stderr)
     if not chosen and args.category:
-        print(f"no dead letters of category {args.category!r}", file=sys.stderr)
-    return _report(result, f"requeue to {queue_name_of(dlq.source_url)}")
+        print(f"no dead letters of category '{printable(args.category)}'", file=sys.stderr)
+    code = _report(result, f"requeue to {queue_name_of(dlq.source_url)}")
+    return 1 if missing else code
 
 
 def run_purge(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from worker.commands import plain_help
 from worker.health import HealthStatus, check_liveness_file
 from worker.settings import load_settings
 
@@ -24,7 +25,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "health",
         help="check that the worker is alive (liveness file or HTTP endpoint); exit 0 healthy, 1 not",
-        description=__doc__,
+        description=plain_help(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--check", action="store_true", help="print one line only (for a container HEALTHCHECK)")

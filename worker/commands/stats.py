@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from worker.aws import resolve_queue_url_sync, sync_client
+from worker.commands import plain_help
 from worker.dlq import resolve_dlq_url
 from worker.errors import ConfigError
 from worker.settings import load_settings
@@ -24,7 +25,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "stats",
         help="messages visible, in flight, delayed and oldest age, for the queue and its DLQ",
-        description=__doc__,
+        description=plain_help(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--watch", action="store_true", help="repeat until interrupted")

@@ -18,6 +18,7 @@ from typing import Any
 
 from worker.aws import async_client
 from worker.budgets import NO_RETRY
+from worker.commands import plain_help
 from worker.errors import ConfigError
 from worker.idempotency import Ledger, Record, storage_key
 from worker.settings import load_settings
@@ -31,7 +32,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "status",
         help="show a job's ledger record by idempotency key: state, attempts, last error, progress, result",
-        description=__doc__,
+        description=plain_help(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("key", metavar="KEY", help="the idempotency key (as in ctx.idempotency_key)")
