@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest
@@ -109,21 +111,16 @@ async def test_a_waiting_message_borrows_before_it_waits() -> None:
     assert poll.count == 1
 
 
-class StalledSecondReceive(Queue):
-    """A queue whose second receive never answers (a stalled connection); every other one brings one message."""
+class ScriptedQueue(Queue):
+    """A queue whose receives a test scripts (``receive``); deletes are recorded, visibility changes accepted."""
 
-    def __init__(self) -> None:
-        super().__init__(cast(Any, None), "http://127.0.0.1:1/000000000000/stalled")
-        self.stalled = asyncio.Event()
+    def __init__(self, name: str) -> None:
+        super().__init__(cast(Any, None), f"http://127.0.0.1:1/000000000000/{name}")
         self.deleted: list[str] = []
-        self._calls = 0
+        self.calls = 0
 
-    async def receive(self, *, max_messages: int, wait_s: int, visibility_timeout_s: int) -> list[Message]:
-        self._calls += 1
-        if self._calls == 2:
-            self.stalled.set()
-            await asyncio.Event().wait()  # never answers; cancelled at shutdown
-        n = self._calls
+    @staticmethod
+    def mark(n: int) -> list[Message]:
         body = json.dumps({"type": "mark", "payload": {"n": n}})
         return [Message(f"id-{n}", f"handle-{n}", body, {"ApproximateReceiveCount": "1"}, {})]
 
@@ -135,50 +132,33 @@ class StalledSecondReceive(Queue):
         return {}
 
 
-async def test_a_stalled_receive_does_not_idle_the_slots() -> None:
-    """Concurrency 1: the one slot's receive stalls; another loop takes the slot and the next job runs."""
-    registry = Registry()
-    ran: list[int] = []
-    two_ran = asyncio.Event()
+class StalledSecondReceive(ScriptedQueue):
+    """The second receive never answers (a stalled connection); every other one brings one message."""
 
-    @registry.job("mark")
-    async def mark(payload: dict[str, int]) -> None:
-        ran.append(payload["n"])
-        if len(ran) == 2:
-            two_ran.set()
+    def __init__(self) -> None:
+        super().__init__("stalled")
+        self.stalled = asyncio.Event()
 
-    queue = StalledSecondReceive()
-    worker = Worker(
-        registry=registry,
-        queue=queue,
-        dlq=StalledSecondReceive(),
-        options=RuntimeOptions(concurrency=1, visibility_timeout_s=30, shutdown_grace_s=5, poll_wait_s=20),
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        await asyncio.wait_for(two_ran.wait(), timeout=5)
-        assert queue.stalled.is_set()
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=10)
-    assert ran[:2] == [1, 3]
-    assert queue.deleted[:2] == ["handle-1", "handle-3"]
+    async def receive(self, *, max_messages: int, wait_s: int, visibility_timeout_s: int) -> list[Message]:
+        self.calls += 1
+        if self.calls == 2:
+            self.stalled.set()
+            await asyncio.Event().wait()  # never answers; cancelled at shutdown
+        return self.mark(self.calls)
 
 
-class SlowAnswerThenIdle(Queue):
+class SlowAnswerThenIdle(ScriptedQueue):
     """Receive 1 brings a job (the queue looks busy); receive 2 is slow and brings its message only when the test
     says; receive 3 answers empty (the queue went idle); every later receive is a long poll that never answers."""
 
     def __init__(self) -> None:
-        super().__init__(cast(Any, None), "http://127.0.0.1:1/000000000000/idle")
+        super().__init__("idle")
         self.second_may_answer = asyncio.Event()
         self.long_poll_holds_the_slot = asyncio.Event()
-        self._calls = 0
 
     async def receive(self, *, max_messages: int, wait_s: int, visibility_timeout_s: int) -> list[Message]:
-        self._calls += 1
-        call = self._calls
+        self.calls += 1
+        call = self.calls
         if call == 2:
             await self.second_may_answer.wait()
         elif call == 3:
@@ -186,43 +166,55 @@ class SlowAnswerThenIdle(Queue):
         elif call > 3:
             self.long_poll_holds_the_slot.set()
             await asyncio.Event().wait()  # an idle long poll; cancelled at shutdown
-        body = json.dumps({"type": "mark", "payload": {"n": call}})
-        return [Message(f"id-{call}", f"handle-{call}", body, {"ApproximateReceiveCount": "1"}, {})]
-
-    async def _delete_batch(self, handles: list[str]) -> dict[int, EntryFailed]:
-        return {}
-
-    async def _visibility_batch(self, items: list[tuple[str, int]]) -> dict[int, EntryFailed]:
-        return {}
+        return self.mark(call)
 
 
-async def test_a_late_answer_on_an_idle_worker_runs_at_once() -> None:
-    """A message a slow (lent) receive brings while another loop's idle long poll holds the free slot runs at
-    once, borrowing that slot; it used to wait half a visibility timeout and then be released unrun."""
+@contextlib.asynccontextmanager
+async def one_slot_worker(queue: ScriptedQueue, ran: list[int], nth: int) -> AsyncIterator[asyncio.Event]:
+    """A worker with one slot on ``queue`` whose ``mark`` jobs append their n to ``ran``; yields an event set
+    when ``nth`` jobs ran; stops the worker on the way out."""
     registry = Registry()
-    ran: list[int] = []
-    second_ran = asyncio.Event()
+    enough = asyncio.Event()
 
     @registry.job("mark")
     async def mark(payload: dict[str, int]) -> None:
         ran.append(payload["n"])
-        if payload["n"] == 2:
-            second_ran.set()
+        if len(ran) == nth:
+            enough.set()
 
-    queue = SlowAnswerThenIdle()
     worker = Worker(
         registry=registry,
         queue=queue,
-        dlq=SlowAnswerThenIdle(),
+        dlq=ScriptedQueue("dlq"),
         options=RuntimeOptions(concurrency=1, visibility_timeout_s=30, shutdown_grace_s=5, poll_wait_s=20),
     )
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
-        await asyncio.wait_for(queue.long_poll_holds_the_slot.wait(), timeout=5)
-        queue.second_may_answer.set()
-        await asyncio.wait_for(second_ran.wait(), timeout=3)  # before the fix: 15 s, then released unrun
+        yield enough
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
+
+
+async def test_a_stalled_receive_does_not_idle_the_slots() -> None:
+    """Concurrency 1: the one slot's receive stalls; another loop takes the slot and the next job runs."""
+    queue = StalledSecondReceive()
+    ran: list[int] = []
+    async with one_slot_worker(queue, ran, nth=2) as two_ran:
+        await asyncio.wait_for(two_ran.wait(), timeout=5)
+        assert queue.stalled.is_set()
+    assert ran[:2] == [1, 3]
+    assert queue.deleted[:2] == ["handle-1", "handle-3"]
+
+
+async def test_a_late_answer_on_an_idle_worker_runs_at_once() -> None:
+    """A message a slow (lent) receive brings while another loop's idle long poll holds the free slot runs at
+    once, borrowing that slot; it used to wait half a visibility timeout and then be released unrun."""
+    queue = SlowAnswerThenIdle()
+    ran: list[int] = []
+    async with one_slot_worker(queue, ran, nth=2) as second_ran:
+        await asyncio.wait_for(queue.long_poll_holds_the_slot.wait(), timeout=5)
+        queue.second_may_answer.set()
+        await asyncio.wait_for(second_ran.wait(), timeout=3)  # before the fix: 15 s, then released unrun
     assert ran == [1, 2]
