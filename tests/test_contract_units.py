@@ -36,6 +36,9 @@ def test_public_names_are_sorted_and_importable() -> None:
         ('{"type": "a", "payload": []}', "payload: Input should be a valid dictionary"),
         ('{"type": "a", "extra": 1}', "extra: Extra inputs are not permitted"),
         ('{"type": "a", "idempotency_key": 5}', "idempotency_key: Input should be a valid string"),
+        ('{"type": "a", "type": "b"}', "field 'type' more than once"),
+        ('{"type": "a", "typ\\u0065": "b"}', "field 'type' more than once"),  # an escape spells the same name
+        ('{"payload": {}, "type": "a", "payload": {"x": 1}}', "field 'payload' more than once"),
     ],
 )
 def test_bad_envelopes_name_the_problem(body: str, fragment: str) -> None:
@@ -51,6 +54,9 @@ def test_envelope_round_trip() -> None:
     envelope = parse_envelope(body)
     assert envelope.type == "send_email"
     assert parse_envelope('{"type": "x"}').payload == {}
+    # A field name that recurs inside the payload, or an escape, is no repeat of an envelope field.
+    assert parse_envelope('{"type": "a", "payload": {"type": "b"}}').payload == {"type": "b"}
+    assert parse_envelope('{"type": "caf\\u00e9"}').type == "café"
 
 
 def test_schema_is_json_schema_2020_12() -> None:

@@ -62,13 +62,34 @@ def parse_envelope(body: str) -> Envelope:
         ) from None
     if not isinstance(data, dict):
         raise InvalidMessage(INVALID_MESSAGE, f"body is JSON but not an object (got {type(data).__name__})")
-    problem = _hostile_structure(data, body)
+    problem = _repeated_field(body) or _hostile_structure(data, body)
     if problem is not None:
         raise InvalidMessage(INVALID_MESSAGE, problem)
     try:
         return Envelope.model_validate(data)
     except ValidationError as exc:
         raise InvalidMessage(INVALID_MESSAGE, "envelope " + describe_errors(exc)) from None
+
+
+def _repeated_field(body: str) -> str | None:
+    """An envelope field given twice (JSON keeps the last; a gateway or a log reader may take the first), or None.
+
+    Parsed again, keeping every key, only when the text allows a repeat: a field name seen twice, or an escape
+    (``"typ\\u0065"`` spells ``"type"``)."""
+    if "\\u" not in body and all(body.count(f'"{name}"') < 2 for name in Envelope.model_fields):
+        return None
+    top: list[list[tuple[str, Any]]] = []
+
+    def keep_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        top[:] = [pairs]  # the outermost object is decoded last
+        return dict(pairs)
+
+    json.loads(body, object_pairs_hook=keep_pairs)
+    names = [name for name, _ in top[0]] if top else []
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        return "envelope has field " + ", ".join(repr(name) for name in repeated) + " more than once"
+    return None
 
 
 def _hostile_structure(data: dict[str, Any], body: str) -> str | None:
