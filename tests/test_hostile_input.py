@@ -25,6 +25,7 @@ from pydantic import BaseModel, field_validator
 from tests.support.backends import Backend
 from tests.support.harness import drain, make_queues, running_worker, send, sqs_client
 from worker import PermanentError
+from worker.aws import content_refused
 from worker.deadletter import (
     DROP_ORDER,
     SQS_MAX_MESSAGE_BYTES,
@@ -38,7 +39,6 @@ from worker.events import Event, Kind, Observers
 from worker.idempotency import Ledger, create_table, job_key, payload_hash
 from worker.idempotency.ledger import encode_result
 from worker.jobs import JobSpec, Registry
-from worker.outcomes import content_refused
 from worker.policy import describe_error, safe_text
 
 if TYPE_CHECKING:

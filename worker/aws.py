@@ -41,6 +41,7 @@ from botocore.exceptions import (
     EndpointConnectionError,
     HTTPClientError,
     NoCredentialsError,
+    ParamValidationError,
     PartialCredentialsError,
     ReadTimeoutError,
 )
@@ -129,6 +130,19 @@ _UNREACHABLE_ERRORS: tuple[type[BaseException], ...] = (
 )
 SERVICE_NAMES = {"sqs": "SQS", "dynamodb": "DynamoDB", "cloudwatch": "CloudWatch"}
 
+#: Codes with which SQS refuses a message's content (characters, size, attributes), not the request as such.
+CONTENT_REFUSED_CODES = frozenset(
+    {
+        "InvalidParameterValue",
+        "InvalidParameterValueException",
+        "InvalidMessageContents",
+        "MessageTooLong",
+        "InvalidAttributeValue",
+        "InvalidAttributeName",
+        "MessageAttributesInvalid",
+    }
+)
+
 
 def _error(exc: ClientError) -> tuple[str, str, int]:
     error = exc.response.get("Error", {})
@@ -160,6 +174,15 @@ def classify(exc: BaseException) -> Trouble:
     if isinstance(exc, aiohttp.ClientError):
         return Trouble.UNREACHABLE
     return Trouble.REFUSED
+
+
+def content_refused(exc: BaseException) -> bool:
+    """Whether SQS (or botocore, before sending) refused a message's content rather than failing the call; a
+    translated error (``QueueUnavailable``) is judged by its cause."""
+    cause = exc.__cause__ if isinstance(exc, QueueUnavailable) else exc
+    if isinstance(cause, ClientError):
+        return _error(cause)[0] in CONTENT_REFUSED_CODES
+    return isinstance(cause, ParamValidationError | UnicodeError)
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from botocore.exceptions import ClientError, ParamValidationError
-
+from worker.aws import content_refused
 from worker.batching import EntryFailed
 from worker.budgets import SEND, retry_delay_s
 from worker.deadletter import SQS_MAX_MESSAGE_BYTES, dead_letter_record, message_bytes
@@ -39,18 +38,6 @@ DEAD_LETTER_HOLD_S = 60
 MAX_DECIDED = 1_000
 #: SQS's maximum message size before August 2025, still the default of some queues and emulators.
 LEGACY_MAX_MESSAGE_BYTES = 262_144
-#: Error codes with which SQS refuses a message's content (characters, size, attributes), not the request.
-CONTENT_REFUSED_CODES = frozenset(
-    {
-        "InvalidParameterValue",
-        "InvalidParameterValueException",
-        "InvalidMessageContents",
-        "MessageTooLong",
-        "InvalidAttributeValue",
-        "InvalidAttributeName",
-        "MessageAttributesInvalid",
-    }
-)
 
 
 @dataclass
@@ -236,11 +223,3 @@ class Outcomes:
         while len(self._decided) > MAX_DECIDED:
             self._decided.popitem(last=False)
         return entry
-
-
-def content_refused(exc: BaseException) -> bool:
-    """Whether SQS (or botocore, before sending) refused a message's content rather than failing the call."""
-    cause = exc.__cause__ if isinstance(exc, QueueUnavailable) else exc
-    if isinstance(cause, ClientError):
-        return cause.response.get("Error", {}).get("Code", "") in CONTENT_REFUSED_CODES
-    return isinstance(cause, ParamValidationError | UnicodeError)
