@@ -397,16 +397,18 @@ async def call_with_budget(
     budget: Budget,
     rng: random.Random | None = None,
     monotonic: Callable[[], float] = time.monotonic,
+    retryable: Callable[[BaseException], bool] = is_transient,
 ) -> T:
-    """Await ``call()`` (one raw client call), retrying transient failures as ``budget`` allows. The last error
-    is raised as botocore raised it: the caller translates it (with the queue or table it concerns)."""
+    """Await ``call()`` (one raw client call), retrying failures ``retryable`` accepts (transient ones) as
+    ``budget`` allows. The last error is raised as ``call`` raised it: the caller translates it (with the queue
+    or table it concerns)."""
     started = monotonic()
     failures = 0
     while True:
         try:
             return await call()
         except Exception as exc:
-            if not is_transient(exc):
+            if not retryable(exc):
                 raise
             failures += 1
             delay_s = retry_delay_s(

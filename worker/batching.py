@@ -8,16 +8,14 @@ Transport failures (endpoint down, throttled) are retried as the BATCH budget of
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from worker.budgets import BATCH, Budget, retry_delay_s
+from worker.aws import call_with_budget
+from worker.budgets import BATCH, Budget
 from worker.errors import QueueUnavailable, WorkerError
-
-log = logging.getLogger("worker.batching")
 
 E = TypeVar("E")
 
@@ -87,31 +85,25 @@ class Batcher(Generic[E]):
             task.add_done_callback(self._tasks.discard)
 
     async def _send(self, batch: list[_Pending[E]]) -> None:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        failures = 0
-        while True:
-            try:
-                self.calls += 1
-                failed = await self._flush([p.entry for p in batch])
-                break
-            except QueueUnavailable as exc:
-                failures += 1
-                delay_s = retry_delay_s(
-                    budget=self._budget, failures=failures, elapsed_s=loop.time() - started, jitter=self._rng.random()
-                )
-                if delay_s is None:
-                    for pending in batch:
-                        if not pending.future.done():
-                            pending.future.set_exception(exc)
-                    return
-                log.debug("%s batch failed, retrying in %.1f s: %s", self._name, delay_s, exc)
-                await asyncio.sleep(delay_s)  # backoff between transport retries, bounded by the budget
-            except Exception as exc:
-                for pending in batch:
-                    if not pending.future.done():
-                        pending.future.set_exception(exc)
-                return
+        entries = [p.entry for p in batch]
+
+        async def flush() -> dict[int, EntryFailed]:
+            self.calls += 1
+            return await self._flush(entries)
+
+        try:
+            failed = await call_with_budget(
+                flush,
+                budget=self._budget,
+                rng=self._rng,
+                monotonic=asyncio.get_running_loop().time,
+                retryable=lambda exc: isinstance(exc, QueueUnavailable),
+            )
+        except Exception as exc:  # the budget is spent, or the batch was refused: each caller gets the error
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(exc)
+            return
         for index, pending in enumerate(batch):
             if pending.future.done():
                 continue
