@@ -22,6 +22,22 @@ from worker.progress import Progress, RateLimiter
 pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
+def dead_letter_again(client: Any, queues: Created, messages: list[Any]) -> list[str]:
+    """Do what the worker does for a job that fails at once: send each message received from the source to the
+    DLQ (naming it as ``original_message_id``), then delete it from the source. Returns their source MessageIds."""
+    for message in messages:
+        client.send_message(
+            QueueUrl=queues.dlq_url,
+            MessageBody=message["Body"],
+            MessageAttributes={
+                "error_category": {"DataType": "String", "StringValue": "bug"},
+                "original_message_id": {"DataType": "String", "StringValue": message["MessageId"]},
+            },
+        )
+        client.delete_message(QueueUrl=queues.queue_url, ReceiptHandle=message["ReceiptHandle"])
+    return [message["MessageId"] for message in messages]
+
+
 class PoisonWorker(threading.Thread):
     """Receives from the source queue and dead-letters every message at once, as the worker does for a job that
     fails for good: a new DLQ message with the body and ``original_message_id``, then a delete."""
@@ -38,17 +54,7 @@ class PoisonWorker(threading.Thread):
             response = self.client.receive_message(
                 QueueUrl=self.queues.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1
             )
-            for message in response.get("Messages", []):
-                self.received.append(message["MessageId"])
-                self.client.send_message(
-                    QueueUrl=self.queues.dlq_url,
-                    MessageBody=message["Body"],
-                    MessageAttributes={
-                        "error_category": {"DataType": "String", "StringValue": "bug"},
-                        "original_message_id": {"DataType": "String", "StringValue": message["MessageId"]},
-                    },
-                )
-                self.client.delete_message(QueueUrl=self.queues.queue_url, ReceiptHandle=message["ReceiptHandle"])
+            self.received.extend(dead_letter_again(self.client, self.queues, response.get("Messages", [])))
 
     def stop(self) -> None:
         self.stopping.set()
@@ -149,17 +155,7 @@ class DeadLetteringAgain(Progress):
             if len(self.received) >= done:
                 return
             response = self.client.receive_message(QueueUrl=self.queues.queue_url, MaxNumberOfMessages=10)
-            for message in response.get("Messages", []):
-                self.received.append(message["MessageId"])
-                self.client.send_message(
-                    QueueUrl=self.queues.dlq_url,
-                    MessageBody=message["Body"],
-                    MessageAttributes={
-                        "error_category": {"DataType": "String", "StringValue": "bug"},
-                        "original_message_id": {"DataType": "String", "StringValue": message["MessageId"]},
-                    },
-                )
-                self.client.delete_message(QueueUrl=self.queues.queue_url, ReceiptHandle=message["ReceiptHandle"])
+            self.received.extend(dead_letter_again(self.client, self.queues, response.get("Messages", [])))
 
 
 def test_a_copy_dead_lettered_again_never_moves_twice(backend: Backend, queues: Created) -> None:
