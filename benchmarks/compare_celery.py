@@ -49,7 +49,7 @@ import boto3  # noqa: E402
 from benchmarks import effects  # noqa: E402
 from benchmarks.countproxy import CountingProxy, Tally  # noqa: E402
 from tests.support.backends import Backend, start_localstack  # noqa: E402
-from worker.bootstrap import ensure_queues  # noqa: E402
+from worker.ops.bootstrap import ensure_queues  # noqa: E402
 from worker.producer import Job, enqueue, enqueue_many  # noqa: E402
 
 CELERY_VENV = Path(os.environ.get("CELERY_VENV", ROOT / ".tools" / "celery-venv"))

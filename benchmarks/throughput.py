@@ -27,12 +27,12 @@ from aiobotocore.session import get_session
 
 from tests.support.backends import Backend, start_moto
 from tests.support.harness import sqs_client
-from worker.bootstrap import ensure_queues
-from worker.events import Event, Kind, Observers
+from worker.backends.sqs import Queue
 from worker.jobs import Registry
+from worker.observability.events import Event, Kind, Observers
+from worker.ops.bootstrap import ensure_queues
 from worker.producer import Job, enqueue_many
-from worker.runtime import RuntimeOptions, Worker
-from worker.sqs import Queue
+from worker.runtime.worker import RuntimeOptions, Worker
 
 
 class Counter:

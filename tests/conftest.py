@@ -13,8 +13,8 @@ from tests.support.backends import Backend, start_localstack, start_moto
 from tests.support.harness import make_queues
 from tests.support.idempotency import dynamodb_client
 from tests.support.logs import root_logging_restored
-from worker.bootstrap import Created
-from worker.logs import configure_logging
+from worker.observability.logs import configure_logging
+from worker.ops.bootstrap import Created
 from worker.settings import WorkerSettings
 
 if TYPE_CHECKING:

@@ -54,7 +54,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "a",
         "ack never deletes",
-        "worker/outcomes.py",
+        "worker/runtime/outcomes.py",
         "await self.queue.delete(held.message.receipt_handle)",
         "pass  # MUTANT",
         ("tests/test_runtime_basic.py::test_success_deletes_the_message",),
@@ -63,7 +63,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "b",
         "retry sets visibility 0 (the reported delay unchanged)",
-        "worker/outcomes.py",
+        "worker/runtime/outcomes.py",
         "set_visibility(held.message.receipt_handle, delay_s)",
         "set_visibility(held.message.receipt_handle, 0)",
         ("tests/test_runtime_basic.py::test_retries_grow_then_exhaust_to_the_dlq",),
@@ -72,7 +72,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "c",
         "dead-letter drops the attributes",
-        "worker/outcomes.py",
+        "worker/runtime/outcomes.py",
         "attributes=attributes,",
         "attributes=None,",
         ("tests/test_runtime_basic.py::test_bad_input_is_dead_lettered_with_its_category",),
@@ -80,7 +80,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "d",
         "heartbeat never extends (still reports a heartbeat)",
-        "worker/heartbeat.py",
+        "worker/runtime/heartbeat.py",
         "await self.queue.set_visibility(held.message.receipt_handle, timeout_s)",
         "pass  # MUTANT",
         ("tests/test_runtime_claims.py::test_heartbeat_keeps_a_long_job_claimed",),
@@ -88,7 +88,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "e1",
         "shutdown does not release waiting (unstarted) messages",
-        "worker/runtime.py",
+        "worker/runtime/worker.py",
         'await self._release_all(waiting, reason="shutdown", delay_s=self._release_delay_s())',
         "pass  # MUTANT",
         ("tests/test_guards.py::test_shutdown_releases_unstarted_and_cancelled_messages",),
@@ -96,7 +96,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "e2",
         "shutdown does not release jobs cancelled after the grace period",
-        "worker/runtime.py",
+        "worker/runtime/worker.py",
         'await self.outcomes.release(held, delay_s=self._release_delay_s(), reason="cancelled at shutdown")',
         "pass  # MUTANT",
         (
@@ -107,7 +107,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "e3",
         "shutdown releases at visibility 0 while its own abandoned long polls are still open at SQS",
-        "worker/runtime.py",
+        "worker/runtime/worker.py",
         "return max(0, math.ceil(self._abandoned_until - time.monotonic()))",
         "return 0",
         ("tests/test_guards.py::test_a_release_at_shutdown_outlasts_the_abandoned_long_polls",),
@@ -115,7 +115,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "f",
         "delete-batch failures ignored",
-        "worker/sqs.py",
+        "worker/backends/sqs.py",
         "return _failures(response)",
         "return {}",
         ("tests/test_guards.py::test_a_refused_delete_is_reported_to_its_caller_alone",),
@@ -124,7 +124,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "g",
         "ledger completion skipped",
-        "worker/runtime.py",
+        "worker/runtime/worker.py",
         "fenced_ok = await self._complete_claim(held.claim, result_for_ledger(result))",
         "fenced_ok = True",
         ("tests/test_idempotency_runtime.py::test_an_idempotent_job_costs_two_writes",),
@@ -148,7 +148,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "i2",
         "backoff without jitter (the runtime ignores its random source)",
-        "worker/runtime.py",
+        "worker/runtime/worker.py",
         "rng=self._rng,",
         "jitter=1.0,",
         ("tests/test_guards.py::test_retry_delays_are_drawn_from_the_workers_random_source",),
@@ -156,7 +156,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "j",
         "FIFO group not released after a failure",
-        "worker/runtime.py",
+        "worker/runtime/worker.py",
         "self._release_all(rest,",
         "self._release_all([],",
         ("tests/test_runtime_claims.py::test_fifo_order_holds_when_a_message_fails",),
@@ -164,7 +164,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "k1",
         "redrive limit ignored: bootstrap's maxReceiveCount",
-        "worker/bootstrap.py",
+        "worker/ops/bootstrap.py",
         '"maxReceiveCount": str(max_receive_count)',
         '"maxReceiveCount": "1000"',
         ("tests/test_guards.py::test_bootstrap_sets_the_redrive_policy_it_reports",),
@@ -172,7 +172,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "k2",
         "redrive limit ignored: dlq redrive moves past its --limit",
-        "worker/dlq.py",
+        "worker/ops/dlq.py",
         "target = snapshot.count if limit is None else min(limit, snapshot.count)",
         "target = snapshot.count  # MUTANT",
         ("tests/test_guards.py::test_a_redrive_moves_no_more_than_its_limit",),
@@ -180,7 +180,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "l",
         "a completed key runs again",
-        "worker/runtime.py",
+        "worker/runtime/worker.py",
         'if claim.outcome == "completed":',
         'if claim.outcome == "completed" and False:',
         ("tests/test_idempotency_runtime.py::test_a_duplicate_of_a_completed_job_is_acknowledged_without_running",),
@@ -188,7 +188,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "m1",
         "dlq redrive ignores its snapshot: moves until the DLQ is empty, dead-letters of the run again",
-        "worker/dlq.py",
+        "worker/ops/dlq.py",
         "target = snapshot.count if limit is None else min(limit, snapshot.count)",
         "target = 10**9 if limit is None else limit  # MUTANT",
         ("tests/test_redrive_snapshot.py::test_receive_send_delete_moves_the_snapshot_once",),
@@ -197,7 +197,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "m2",
         "dlq redrive admits what its snapshot excludes (its count still bounds the run)",
-        "worker/dlq.py",
+        "worker/ops/dlq.py",
         "if snapshot.admits(letter, moved=moved_ids)",
         "if True",
         ("tests/test_redrive_snapshot.py::test_a_copy_dead_lettered_again_never_moves_twice",),
@@ -205,7 +205,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "n1",
         "a failed dead-letter send runs the handler again (the error goes up, the decision is forgotten)",
-        "worker/outcomes.py",
+        "worker/runtime/outcomes.py",
         "current = self._decided.get(message.message_id)",
         "self._decided.pop(message.message_id, None)\n                raise  # MUTANT",
         ("tests/test_hostile_input.py::test_a_failed_dead_letter_send_is_retried_as_a_send",),
@@ -213,7 +213,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "n2",
         "a copy of a message decided dead runs again (the runtime forgets the decision)",
-        "worker/runtime.py",
+        "worker/runtime/worker.py",
         "decided = self.outcomes.decided(message.message_id)",
         "decided = None  # MUTANT",
         ("tests/test_hostile_input.py::test_a_copy_of_a_dead_lettered_message_never_runs_again",),
@@ -221,7 +221,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "o",
         "shutdown releases a message whose plain def handler still runs in its thread",
-        "worker/runtime.py",
+        "worker/runtime/worker.py",
         "if self._threads.is_running(held):",
         "if False:  # MUTANT",
         ("tests/test_runtime_threads.py::test_shutdown_never_releases_a_sync_job_whose_thread_still_runs",),
@@ -229,7 +229,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "p",
         "a stuck sync thread still counts as capacity (no replacement thread)",
-        "worker/threads.py",
+        "worker/runtime/threads.py",
         "and self._threads - self._stuck < self.size",
         "and self._threads < self.size  # MUTANT",
         (

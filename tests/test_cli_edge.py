@@ -19,8 +19,8 @@ from tests.support.backends import Backend
 from tests.support.errorserver import Answer, error_server
 from tests.support.logs import root_logging_restored
 from tests.support.process import cli, worker_env
-from worker.cli import main
-from worker.localaws import free_port
+from worker.commands.__main__ import main
+from worker.dev.localaws import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = str(ROOT / "schedules.example.yaml")

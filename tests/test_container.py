@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from worker.health import write_liveness_file
+from worker.observability.health import write_liveness_file
 from worker.settings import WorkerSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import worker
 from worker import ConfigError, InvalidMessage, JobContext, Registry
 from worker.deadletter import dead_letter_attributes
 from worker.envelope import dump_envelope, envelope_schema, parse_envelope
-from worker.execution import prepare
+from worker.runtime.execution import prepare
 from worker.settings import WorkerSettings, load_settings
 
 

@@ -12,12 +12,12 @@ import pytest
 from tests.support.backends import Backend
 from tests.support.harness import drain, sqs_client
 from tests.support.queues import assert_queue_empty, message_count
-from worker.bootstrap import Created
-from worker.cli import main
-from worker.dlq import DeadLetterQueue, redrive_by_receiving
-from worker.dlq_records import DeadLetter, format_groups, group_dead_letters, redrive_attributes, requeue_attributes
+from worker.commands.__main__ import main
 from worker.errors import WorkerError
-from worker.progress import RateLimiter, render_progress
+from worker.ops.bootstrap import Created
+from worker.ops.dlq import DeadLetterQueue, redrive_by_receiving
+from worker.ops.dlq_records import DeadLetter, format_groups, group_dead_letters, redrive_attributes, requeue_attributes
+from worker.ops.progress import RateLimiter, render_progress
 
 # ------------------------------------------------------------------------------------------------ pure
 
@@ -194,7 +194,7 @@ def test_redrive_moves_everything_back(backend: Backend, queues: Created, capsys
     expected_method = "move-task" if backend.name == "localstack" else "receive-send-delete"
     assert f"moved 6 of 6 by {expected_method}" in out
     assert "moved" in err  # the progress line
-    # moto lacks StartMessageMoveTask (worker.localaws answers 501; plain moto an HTML 500 page): never the page.
+    # moto lacks StartMessageMoveTask (worker.dev.localaws answers 501; plain moto an HTML 500 page): never the page.
     assert "<html" not in err.lower()
     assert all(len(line) < 400 for line in err.splitlines())
     moved = drain(backend.endpoint_url, queues.queue_url, expect=6, timeout_s=15)

@@ -12,11 +12,11 @@ from botocore.exceptions import ClientError
 
 from tests.support.backends import Backend
 from tests.test_dlq import count, dead_letter, run_cli
-from worker import dlq_records
-from worker.bootstrap import Created
-from worker.cli import main
-from worker.dlq_records import DeadLetter, format_groups, group_dead_letters
-from worker.localaws import LocalAws
+from worker.commands.__main__ import main
+from worker.dev.localaws import LocalAws
+from worker.ops import dlq_records
+from worker.ops.bootstrap import Created
+from worker.ops.dlq_records import DeadLetter, format_groups, group_dead_letters
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 

@@ -30,10 +30,10 @@ from tests.conftest import BACKENDS
 from tests.support.backends import Backend
 from tests.support.faultproxy import ISSUE_MIX, NO_FAULTS, FaultProxy, FaultRates
 from tests.support.harness import sqs_client
-from worker.app import open_worker
-from worker.bootstrap import ensure_queues
 from worker.jobs import Registry
+from worker.ops.bootstrap import ensure_queues
 from worker.producer import Job, enqueue_many
+from worker.runtime.assemble import open_worker
 from worker.settings import WorkerSettings
 
 JOBS = 1_000

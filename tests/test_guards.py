@@ -15,13 +15,13 @@ from aiobotocore.session import get_session
 from tests.support.backends import Backend
 from tests.support.harness import make_queues, running_worker, send, sqs_client
 from tests.support.queues import assert_queue_empty, message_count, queue_counts
-from worker.batching import EntryFailed
-from worker.bootstrap import ensure_queues
-from worker.dlq import DeadLetterQueue, redrive_by_receiving
-from worker.events import Kind
+from worker.backends.batching import EntryFailed
+from worker.backends.sqs import Queue
 from worker.jobs import Registry
-from worker.progress import RateLimiter
-from worker.sqs import Queue
+from worker.observability.events import Kind
+from worker.ops.bootstrap import ensure_queues
+from worker.ops.dlq import DeadLetterQueue, redrive_by_receiving
+from worker.ops.progress import RateLimiter
 
 
 async def test_shutdown_releases_unstarted_and_cancelled_messages(backend: Backend) -> None:

@@ -23,7 +23,7 @@ async def imported_from_cwd(payload: dict) -> None:
     pass
 """
 #: How a user starts the worker: the console script on PATH, or the module with the venv's Python.
-STARTS = {"console script": [str(SCRIPT)], "python -m": [sys.executable, "-m", "worker.cli"]}
+STARTS = {"console script": [str(SCRIPT)], "python -m": [sys.executable, "-m", "worker.commands"]}
 
 
 def project(tmp_path: Path, files: dict[str, str]) -> Path:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.backends import Backend
-from worker.cli import main
-from worker.health import HealthObserver, check_liveness_file, liveness_from_timestamp, serve_health
+from worker.commands.__main__ import main
+from worker.observability.health import HealthObserver, check_liveness_file, liveness_from_timestamp, serve_health
 from worker.settings import WorkerSettings
 
 
@@ -145,7 +145,11 @@ def test_health_check_command_as_a_process(tmp_path: Path) -> None:
     path.write_text(f"{time.time():.3f}\n")
     env = {"WORKER_HEALTH_FILE": str(path), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "health", "--check"], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "worker.commands", "health", "--check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
 
@@ -158,7 +162,7 @@ async def test_health_file_is_removed_even_when_a_companion_fails(
 
     from tests.support.harness import Recorder, make_queues
     from worker.jobs import Registry
-    from worker.service import serve
+    from worker.runtime.service import serve
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", backend.endpoint_url)
     health_file = tmp_path / "health"

@@ -25,7 +25,7 @@ from pydantic import BaseModel, field_validator
 from tests.support.backends import Backend
 from tests.support.harness import drain, make_queues, running_worker, send, sqs_client
 from worker import PermanentError
-from worker.aws import content_refused
+from worker.backends.aws import content_refused
 from worker.deadletter import (
     DROP_ORDER,
     SQS_MAX_MESSAGE_BYTES,
@@ -35,10 +35,10 @@ from worker.deadletter import (
 )
 from worker.envelope import MAX_NESTING_DEPTH, Envelope, parse_envelope
 from worker.errors import ConfigError, InvalidMessage, QueueUnavailable
-from worker.events import Event, Kind, Observers
 from worker.idempotency import Ledger, create_table, job_key, payload_hash
 from worker.idempotency.ledger import encode_result
 from worker.jobs import JobSpec, Registry
+from worker.observability.events import Event, Kind, Observers
 from worker.policy import describe_error, safe_text
 
 if TYPE_CHECKING:

@@ -29,8 +29,8 @@ from tests.support.idempotency import dynamodb_client
 from tests.support.process import lines, start, worker_env
 from tests.support.proxy import Proxy
 from tests.support.queues import message_count
-from worker.bootstrap import Created
 from worker.idempotency import Ledger, Record, State, Status, canonical_json, create_table
+from worker.ops.bootstrap import Created
 
 HANDLERS = "tests.support.idempotent_handlers"
 VISIBILITY_TIMEOUT_S = 5

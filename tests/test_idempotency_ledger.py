@@ -15,6 +15,7 @@ from botocore.exceptions import BotoCoreError
 from tests.support.backends import Backend
 from tests.support.idempotency import FakeClock, WriteCounter, dynamodb_client
 from worker.budgets import Budget
+from worker.dev.localaws import free_port
 from worker.errors import LedgerUnavailable
 from worker.idempotency import (
     CONFLICT_REASON,
@@ -28,7 +29,6 @@ from worker.idempotency import (
     payload_hash,
 )
 from worker.idempotency.dynamodb import encode_value
-from worker.localaws import free_port
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.client import DynamoDBClient

@@ -16,9 +16,9 @@ from tests.support.harness import drain, make_queues, running_worker, send, sqs_
 from tests.support.idempotency import WriteCounter
 from tests.support.queues import assert_queue_empty
 from worker import JobContext, PermanentError, RetryableError
-from worker.events import Kind
 from worker.idempotency import CONFLICT_REASON, Ledger, Status, create_table, payload_hash
 from worker.jobs import Registry
+from worker.observability.events import Kind
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.client import DynamoDBClient

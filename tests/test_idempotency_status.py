@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from tests.support.backends import Backend
-from worker.cli import main
+from worker.commands.__main__ import main
 from worker.idempotency import Ledger, create_table, payload_hash
 
 if TYPE_CHECKING:
@@ -116,7 +116,14 @@ async def test_the_installed_command_prints_the_record(backend: Backend, ledger:
     await ledger.fail(claim, error="PermanentError: card declined")
     env = {**os.environ, "AWS_ENDPOINT_URL": backend.endpoint_url, "WORKER_IDEMPOTENCY_TABLE": ledger.table_name}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "worker.cli", "status", key, "--json", env=env, stdout=asyncio.subprocess.PIPE
+        sys.executable,
+        "-m",
+        "worker.commands",
+        "status",
+        key,
+        "--json",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
     )
     async with asyncio.timeout(60):
         stdout, _ = await process.communicate()

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from worker import ConfigError
-from worker.localaws import LocalAws
+from worker.dev.localaws import LocalAws
 
 
 def test_a_taken_port_is_a_clear_error_not_a_hang() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from worker.events import Event, Kind
-from worker.logs import REDACTED, LogObserver, Redactor, configure_logging, event_fields
+from worker.observability.events import Event, Kind
+from worker.observability.logs import REDACTED, LogObserver, Redactor, configure_logging, event_fields
 from worker.settings import WorkerSettings
 
 SECRET = "hunter2-very-secret"

@@ -8,9 +8,9 @@ from typing import Any
 
 from tests.support.backends import Backend
 from tests.support.harness import drain, make_queues, running_worker, send
-from worker.events import Kind
 from worker.jobs import Registry
-from worker.logs import LogObserver
+from worker.observability.events import Kind
+from worker.observability.logs import LogObserver
 
 SECRET = "s3cr3t-Value-7781"
 

@@ -13,8 +13,8 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from tests.support.backends import Backend
-from worker.events import Event, Kind
-from worker.metrics import (
+from worker.observability.events import Event, Kind
+from worker.observability.metrics import (
     MAX_VALUES_PER_METRIC,
     OTHER_JOB_TYPE,
     CloudWatchObserver,

@@ -178,13 +178,13 @@ def test_dev_processes_demo_jobs(tmp_path: Path) -> None:
 def cli_prefix() -> list[str]:
     import sys
 
-    return [sys.executable, "-m", "worker.cli"]
+    return [sys.executable, "-m", "worker.commands"]
 
 
 def test_health_and_prometheus_endpoints_of_a_running_worker(backend: Backend, tmp_path: Path) -> None:
     import urllib.request
 
-    from worker.localaws import free_port
+    from worker.dev.localaws import free_port
 
     port = free_port()
     env, url = bootstrapped(backend, tmp_path, WORKER_HEALTH_PORT=str(port), WORKER_PROMETHEUS_PORT=str(port))

@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.support.backends import Backend
 from tests.support.harness import sqs_client
 from tests.support.process import cli, lines, start, wait_until, worker_env
-from worker.runtime import THREAD_FINISH_WAIT_S
+from worker.runtime.worker import THREAD_FINISH_WAIT_S
 
 JOBS = 3
 

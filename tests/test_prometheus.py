@@ -10,9 +10,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from worker.events import Event, Kind
-from worker.health import serve_http
-from worker.prometheus import CONTENT_TYPE, JOB_DURATION_BUCKETS_S, PrometheusObserver
+from worker.observability.events import Event, Kind
+from worker.observability.health import serve_http
+from worker.observability.prometheus import CONTENT_TYPE, JOB_DURATION_BUCKETS_S, PrometheusObserver
 
 
 def fed(queue: str = "jobs") -> PrometheusObserver:

@@ -11,12 +11,12 @@ from typing import Any, cast
 
 import pytest
 
-from worker.batching import EntryFailed
+from worker.backends.batching import EntryFailed
+from worker.backends.sqs import Message, Queue
 from worker.budgets import RECEIVE
 from worker.jobs import Registry
-from worker.runtime import RuntimeOptions, Worker, receive_backoff_s
-from worker.slots import Slots, receive_loops
-from worker.sqs import Message, Queue
+from worker.runtime.slots import Slots, receive_loops
+from worker.runtime.worker import RuntimeOptions, Worker, receive_backoff_s
 
 
 @pytest.mark.parametrize(("concurrency", "loops"), [(1, 4), (10, 4), (11, 5), (20, 5), (1000, 103)])

@@ -13,11 +13,11 @@ import pytest
 from tests.support.backends import Backend
 from tests.support.harness import sqs_client
 from tests.test_dlq import BODY, count, dead_letter
-from worker.bootstrap import Created
-from worker.cli import main
-from worker.dlq import DeadLetterQueue, redrive_by_receiving
-from worker.dlq_records import DeadLetter, Snapshot, move_task_poll_s
-from worker.progress import Progress, RateLimiter
+from worker.commands.__main__ import main
+from worker.ops.bootstrap import Created
+from worker.ops.dlq import DeadLetterQueue, redrive_by_receiving
+from worker.ops.dlq_records import DeadLetter, Snapshot, move_task_poll_s
+from worker.ops.progress import Progress, RateLimiter
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 

@@ -10,7 +10,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.support.errorserver import Answer, error_server
-from worker.aws import async_client, call_with_budget, client_config, sync_client
+from worker.backends.aws import async_client, call_with_budget, client_config, sync_client
 from worker.budgets import CLI_BOTOCORE_ATTEMPTS, Budget
 from worker.errors import LedgerUnavailable
 from worker.idempotency import DynamoDBStore
@@ -68,7 +68,7 @@ def test_the_cli_tries_each_call_as_botocore_alone(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_batch_is_retried_within_its_budget_then_its_callers_get_the_error() -> None:
-    from worker.batching import Batcher, EntryFailed
+    from worker.backends.batching import Batcher, EntryFailed
     from worker.errors import QueueUnavailable
 
     flushes: list[list[str]] = []

@@ -14,8 +14,8 @@ from tests.support.backends import Backend
 from tests.support.harness import drain, make_queues, running_worker, send, sqs_client
 from tests.support.queues import assert_queue_empty
 from worker import PermanentError
-from worker.events import Kind
 from worker.jobs import Registry
+from worker.observability.events import Kind
 
 
 class Email(BaseModel):

@@ -15,9 +15,9 @@ from tests.support.harness import make_queues, running_worker, send, sqs_client
 from tests.support.proxy import Proxy
 from tests.support.queues import assert_queue_empty
 from worker import RetryableError
-from worker.bootstrap import Created
-from worker.events import Kind
 from worker.jobs import Registry
+from worker.observability.events import Kind
+from worker.ops.bootstrap import Created
 
 
 async def test_heartbeat_keeps_a_long_job_claimed(backend: Backend) -> None:

@@ -14,9 +14,9 @@ import pytest
 
 from tests.support.backends import Backend
 from tests.support.harness import make_queues, running_worker, send, sqs_client
-from worker.events import Kind
 from worker.jobs import Registry
-from worker.runtime import THREAD_FINISH_WAIT_S
+from worker.observability.events import Kind
+from worker.runtime.worker import THREAD_FINISH_WAIT_S
 
 BLOCKED_S = 20.0  # a blocked handler waits at most this for its event (bounds a failing test)
 

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.cron import ExpressionError, aws_weekday, next_fire_times, parse_expression, previous_fire_time
 from worker.envelope import parse_envelope
 from worker.errors import ConfigError
-from worker.schedules import (
+from worker.scheduling.cron import ExpressionError, aws_weekday, next_fire_times, parse_expression, previous_fire_time
+from worker.scheduling.schedules import (
     Schedule,
     format_scheduled_time,
     load_schedules,

@@ -12,8 +12,8 @@ import boto3
 import pytest
 
 from tests.support.backends import Backend
-from worker.cli import main
-from worker.schedules import load_schedules, utc_now
+from worker.commands.__main__ import main
+from worker.scheduling.schedules import load_schedules, utc_now
 
 SCHEDULES = """\
 schedules:

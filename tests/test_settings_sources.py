@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.devserver import DEV_QUEUE, DevSettings, exports
+from worker.dev.server import DEV_QUEUE, DevSettings, exports
 from worker.errors import ConfigError
 from worker.settings import AwsConnection, aws_region, load_settings
 

@@ -1,4 +1,4 @@
-"""The edge's one error table (worker.aws): what no retry can fix stops with one line naming it, the rest is
+"""The edge's one error table (worker.backends.aws): what no retry can fix stops with one line naming it, the rest is
 retried within its budget; error pages never leak into a line."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from botocore.exceptions import (
 )
 
 from worker import ConfigError, LedgerUnavailable, QueueUnavailable
-from worker.aws import Trouble, call_with_budget, classify, describe, is_transient, translate
+from worker.backends.aws import Trouble, call_with_budget, classify, describe, is_transient, translate
 from worker.budgets import Budget
 
 HTML_500 = (

@@ -11,9 +11,9 @@ import pytest
 from tests.support.backends import Backend
 from tests.support.harness import make_queues
 from tests.support.proxy import Proxy
-from worker.app import wait_for_endpoint
-from worker.aws import async_client, client_config
+from worker.backends.aws import async_client, client_config
 from worker.errors import QueueUnavailable
+from worker.runtime.assemble import wait_for_endpoint
 from worker.settings import WorkerSettings
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from tests.support.backends import Backend
 from tests.support.harness import make_queues, sqs_client
-from worker.cli import main
-from worker.stats import QueueStats, format_age, format_stats, oldest_age_s
+from worker.commands.__main__ import main
+from worker.ops.stats import QueueStats, format_age, format_stats, oldest_age_s
 
 
 @pytest.mark.parametrize(

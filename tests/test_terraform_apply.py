@@ -23,7 +23,7 @@ from tests.support.backends import Backend
 from tests.support.process import cli, lines, start, wait_until, worker_env
 from tests.support.queues import message_count
 from tests.support.terraform import Applied, applied_local_example
-from worker.schedules import load_schedules
+from worker.scheduling.schedules import load_schedules
 from worker.settings import WorkerSettings
 
 SCHEDULES = """\

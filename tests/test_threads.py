@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from worker.threads import JobThreads, thread_limit
+from worker.runtime.threads import JobThreads, thread_limit
 
 BLOCKED_S = 10.0  # how long a blocked handler waits for its event at most (bounds a failing test)
 SHORT_TIMEOUT_S = 0.05  # a handler blocked on an event certainly overruns this

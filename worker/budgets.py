@@ -1,10 +1,10 @@
 """Transport retry budgets (pure): how long each AWS call is tried after transport failures, and what then.
 
 A transport failure is one the same request may survive: connection refused or dropped, a timeout, throttling,
-HTTP 5xx (``worker.aws.is_transient`` decides). Each call is retried by exactly one layer:
+HTTP 5xx (``worker.backends.aws.is_transient`` decides). Each call is retried by exactly one layer:
 
 - in the worker, botocore makes one attempt per call (``WORKER_BOTOCORE_ATTEMPTS``) and the worker retries by the
-  budgets below (its receive loop, its delete/visibility batches, ``worker.aws.call_with_budget``);
+  budgets below (its receive loop, its delete/visibility batches, ``worker.backends.aws.call_with_budget``);
 - the CLI has no retry loop of its own: botocore's standard mode tries each call ``CLI_BOTOCORE_ATTEMPTS`` times.
 
 No clocks, no clients: callers pass how many failures so far, the time spent since the first try and a jitter

@@ -1,6 +1,6 @@
 """A convenience producer over plain boto3. Never required: any ``send_message`` of the envelope works.
 
-Failures are translated by the edge's one error table (``worker.aws.translate``)."""
+Failures are translated by the edge's one error table (``worker.backends.aws.translate``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
-from worker.aws import translate
+from worker.backends.aws import translate
 from worker.envelope import describe_errors, dump_envelope
 from worker.errors import ConfigError
 from worker.names import queue_name_of

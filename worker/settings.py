@@ -32,7 +32,7 @@ class AwsConnection:
     secret_access_key: str | None = None
 
     def client_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for the clients of ``worker.aws`` (``connection=``)."""
+        """Keyword arguments for the clients of ``worker.backends.aws`` (``connection=``)."""
         kwargs: dict[str, Any] = {"region_name": self.region}
         if self.endpoint_url is not None:
             kwargs["endpoint_url"] = self.endpoint_url

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.localaws import free_port
+from worker.dev.localaws import free_port
 
 
 @dataclass
@@ -65,7 +65,7 @@ def wait_http(url: str, timeout_s: float, process: subprocess.Popen[bytes] | Non
 def start_moto() -> Backend:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "worker.localaws", "--port", str(port)],
+        [sys.executable, "-m", "worker.dev.localaws", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ},

@@ -14,11 +14,11 @@ from typing import Any
 import boto3
 from aiobotocore.session import get_session
 
-from worker.bootstrap import Created, ensure_queues
-from worker.events import Event, Kind, Observers
+from worker.backends.sqs import Queue
 from worker.jobs import Registry
-from worker.runtime import RuntimeOptions, Worker
-from worker.sqs import Queue
+from worker.observability.events import Event, Kind, Observers
+from worker.ops.bootstrap import Created, ensure_queues
+from worker.runtime.worker import RuntimeOptions, Worker
 
 
 def sqs_client(endpoint_url: str) -> Any:

@@ -31,7 +31,7 @@ def worker_env(endpoint_url: str, **settings: str) -> dict[str, str]:
 
 def cli(*args: str, env: dict[str, str], timeout_s: float = 60, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
+        [sys.executable, "-m", "worker.commands", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -45,7 +45,11 @@ def cli(*args: str, env: dict[str, str], timeout_s: float = 60, **kwargs: Any) -
 def start(*args: str, env: dict[str, str], stderr_path: Path) -> subprocess.Popen[bytes]:
     with stderr_path.open("wb") as stderr:
         return subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", *args], env=env, stdout=subprocess.DEVNULL, stderr=stderr, cwd=ROOT
+            [sys.executable, "-m", "worker.commands", *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            cwd=ROOT,
         )
 
 

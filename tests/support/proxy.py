@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from worker.localaws import free_port
+from worker.dev.localaws import free_port
 
 
 class Proxy:

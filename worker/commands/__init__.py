@@ -1,4 +1,4 @@
-"""The CLI's commands: one module each (see ``worker.cli``)."""
+"""The CLI's commands: one module each (see ``worker.commands.__main__``)."""
 
 from __future__ import annotations
 

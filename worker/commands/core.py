@@ -64,8 +64,8 @@ def add_parser(subparsers: Any) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from worker.jobs import default_registry, import_handlers
-    from worker.logs import configure_logging
-    from worker.service import serve
+    from worker.observability.logs import configure_logging
+    from worker.runtime.service import serve
     from worker.settings import aws_region, load_settings
 
     settings = load_settings()
@@ -77,8 +77,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
-    from worker.bootstrap import ensure_queues
     from worker.jobs import default_registry, import_handlers
+    from worker.ops.bootstrap import ensure_queues
     from worker.settings import aws_region, load_settings
 
     settings = load_settings()
@@ -128,7 +128,7 @@ def default_max_receive_count() -> int:
 
 async def ensure_table(region: str, name: str) -> bool:
     """Create the idempotency table unless it exists (``region`` is the settings' region: kept for callers)."""
-    from worker.aws import async_client
+    from worker.backends.aws import async_client
     from worker.idempotency import create_table
 
     async with async_client("dynamodb") as client:
@@ -136,14 +136,14 @@ async def ensure_table(region: str, name: str) -> bool:
 
 
 def sqs_client(region: str) -> Any:
-    """The CLI's blocking SQS client (``worker.aws.sync_client``; ``region`` is the settings' region)."""
-    from worker.aws import sync_client
+    """The CLI's blocking SQS client (``worker.backends.aws.sync_client``; ``region`` is the settings' region)."""
+    from worker.backends.aws import sync_client
 
     return sync_client("sqs")
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    from worker.aws import resolve_queue_url_sync
+    from worker.backends.aws import resolve_queue_url_sync
     from worker.producer import Job, enqueue
     from worker.settings import aws_region, load_settings
 
@@ -174,6 +174,6 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from worker.devserver import run_dev
+    from worker.dev.server import run_dev
 
     return run_dev(port=args.port, demo=not args.no_demo)

@@ -13,9 +13,11 @@ import json
 import sys
 from typing import Any
 
-from worker.aws import resolve_queue_url_sync, sync_client
+from worker.backends.aws import resolve_queue_url_sync, sync_client
 from worker.commands import plain_help
-from worker.dlq import (
+from worker.names import queue_name_of
+from worker.observability.logs import configure_logging
+from worker.ops.dlq import (
     MOVE_TASK_MAX_RATE,
     DeadLetterQueue,
     MoveResult,
@@ -27,10 +29,8 @@ from worker.dlq import (
     start_move_task,
     wait_move_task,
 )
-from worker.dlq_records import format_groups, group_dead_letters, printable, printable_json
-from worker.logs import configure_logging
-from worker.names import queue_name_of
-from worker.progress import Progress, RateLimiter
+from worker.ops.dlq_records import format_groups, group_dead_letters, printable, printable_json
+from worker.ops.progress import Progress, RateLimiter
 from worker.settings import load_settings
 
 DEFAULT_READ_LIMIT = 1000

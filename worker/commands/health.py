@@ -14,7 +14,7 @@ import urllib.request
 from typing import Any
 
 from worker.commands import plain_help
-from worker.health import HealthStatus, check_liveness_file
+from worker.observability.health import HealthStatus, check_liveness_file
 from worker.settings import load_settings
 
 #: The check does not consume a queue; WORKER_QUEUE need not be set where it runs.

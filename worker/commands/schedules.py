@@ -16,7 +16,7 @@ from worker.errors import ConfigError
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
 
-    from worker.schedules import Schedule
+    from worker.scheduling.schedules import Schedule
 
 
 def add_parser(subparsers: Any) -> None:
@@ -44,7 +44,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _schedules(file: str | None) -> list[Schedule]:
-    from worker.schedules import load_schedules
+    from worker.scheduling.schedules import load_schedules
     from worker.settings import load_settings
 
     path = file or load_settings().schedules_file
@@ -64,7 +64,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def render_schedule(schedule: Schedule, now: datetime, count: int) -> str:
     """A schedule's block in ``schedules list``: its definition and next fire times."""
-    from worker.schedules import format_scheduled_time
+    from worker.scheduling.schedules import format_scheduled_time
 
     state = "" if schedule.enabled else " (disabled)"
     window = f", flexible window {schedule.flexible_window_minutes} min" if schedule.flexible_window_minutes else ""
@@ -79,8 +79,8 @@ def render_schedule(schedule: Schedule, now: datetime, count: int) -> str:
 
 
 def cmd_fire(args: argparse.Namespace) -> int:
-    from worker.aws import sync_client
-    from worker.schedules import find_schedule, format_scheduled_time
+    from worker.backends.aws import sync_client
+    from worker.scheduling.schedules import find_schedule, format_scheduled_time
     from worker.settings import load_settings
 
     schedule = find_schedule(_schedules(args.file), args.name)
@@ -106,7 +106,7 @@ def _scheduled_time(schedule: Schedule, at: str | None) -> datetime:
         moment = moment.replace(tzinfo=schedule.zone)  # a wall time in the schedule's zone
     moment = moment.astimezone(UTC).replace(microsecond=0)
     if schedule.latest_fire_time(moment) != moment:
-        from worker.schedules import format_scheduled_time
+        from worker.scheduling.schedules import format_scheduled_time
 
         upcoming = schedule.next_fire_times(moment, 1)
         hint = f"; the next one is {format_scheduled_time(upcoming[0])}" if upcoming else ""
@@ -122,7 +122,7 @@ def send_scheduled(client: SQSClient, queue: str, schedule: Schedule, scheduled:
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from worker.aws import resolve_queue_url_sync, translate
+    from worker.backends.aws import resolve_queue_url_sync, translate
     from worker.names import queue_name_of
 
     body = schedule.message_body(scheduled)

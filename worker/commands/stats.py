@@ -13,12 +13,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from worker.aws import resolve_queue_url_sync, sync_client
+from worker.backends.aws import resolve_queue_url_sync, sync_client
 from worker.commands import plain_help
-from worker.dlq import resolve_dlq_url
 from worker.errors import ConfigError
+from worker.ops.dlq import resolve_dlq_url
+from worker.ops.stats import MetricStatistics, format_stats, queue_stats, stats_json
 from worker.settings import load_settings
-from worker.stats import MetricStatistics, format_stats, queue_stats, stats_json
 
 
 def add_parser(subparsers: Any) -> None:

@@ -16,7 +16,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from worker.aws import async_client
+from worker.backends.aws import async_client
 from worker.budgets import NO_RETRY
 from worker.commands import plain_help
 from worker.errors import ConfigError

@@ -6,7 +6,7 @@ as words (``any_of(cond("absent"), all_of("unexpired", "same_payload", ...))``) 
 
 Transport failures are retried as the store's budget allows (``worker.budgets.LEDGER``: about 5 s); then every
 botocore or connection error becomes LedgerUnavailable (fail closed), worded by the edge's one error table
-(``worker.aws``). A failed condition is not an error but a WriteResult with ``ok=False`` and the item as it was
+(``worker.backends.aws``). A failed condition is not an error but a WriteResult with ``ok=False`` and the item as it was
 (ReturnValuesOnConditionCheckFailure=ALL_OLD).
 """
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.aws import call_with_budget, translate
+from worker.backends.aws import call_with_budget, translate
 from worker.budgets import LEDGER, Budget
 from worker.errors import LedgerUnavailable
 

@@ -7,7 +7,7 @@ locals {
   schedules     = { for schedule in try(local.schedule_file.schedules, []) : schedule.name => schedule }
 
   # Built by hand rather than with one jsonencode so the placeholder's < and > are not escaped; keys are in
-  # the order jsonencode writes them. worker.schedules.Schedule.body_template builds the same bytes.
+  # the order jsonencode writes them. worker.scheduling.schedules.Schedule.body_template builds the same bytes.
   schedule_bodies = {
     for name, schedule in local.schedules : name => join("", [
       "{\"idempotency_key\":\"schedule:${name}:<aws.scheduler.scheduled-time>\",",
@@ -17,7 +17,7 @@ locals {
   }
   has_schedules = length(local.schedules) > 0
 
-  # The keys worker.schedules.Schedule accepts; the worker rejects others, so Terraform does too.
+  # The keys worker.scheduling.schedules.Schedule accepts; the worker rejects others, so Terraform does too.
   schedule_keys = ["name", "expression", "timezone", "type", "payload", "flexible_window_minutes", "enabled", "start_date", "end_date", "description"]
 }
 

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from worker.aws import call_with_budget
+from worker.backends.aws import call_with_budget
 from worker.budgets import BATCH, Budget
 from worker.errors import QueueUnavailable, WorkerError
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.aws import translate
+from worker.backends.aws import translate
 from worker.errors import ConfigError
 
 if TYPE_CHECKING:

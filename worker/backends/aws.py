@@ -305,7 +305,7 @@ def client_config(settings: WorkerSettings) -> AioConfig:
     timeout above the long poll, a connection per receive loop plus room for batches and the ledger."""
     from aiobotocore.config import AioConfig
 
-    from worker.slots import receive_loops
+    from worker.runtime.slots import receive_loops
 
     return AioConfig(
         **_options(

@@ -2,18 +2,18 @@
 
 Each :class:`PrometheusObserver` keeps its metrics in a registry of its own (never prometheus-client's global
 default one), so several workers or tests in one process do not collide. A scrape renders that registry in the
-text exposition format (version 0.0.4) through the health endpoint's small HTTP server (worker/health.py).
+text exposition format (version 0.0.4) through the health endpoint's small HTTP server (worker/observability/health.py).
 
 Names and labels are a public contract (docs/operations.md). To add a metric: declare it in ``__init__`` with
-``registry=self.registry`` and set it in the Observer hook (worker/events.py) that delivers its value.
+``registry=self.registry`` and set it in the Observer hook (worker/observability/events.py) that delivers its value.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from worker.events import Event, Kind
-from worker.metrics import MAX_JOB_TYPES, JobTypeNames
+from worker.observability.events import Event, Kind
+from worker.observability.metrics import MAX_JOB_TYPES, JobTypeNames
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from worker.localaws import LocalAws
+from worker.dev.localaws import LocalAws
 from worker.settings import AwsConnection, AwsSettings, WorkerSettings, load_settings
 
 if TYPE_CHECKING:
-    from worker.service import Companion
+    from worker.runtime.service import Companion
 
 DEV_QUEUE = "sqs-worker-dev"
 DEV_TABLE = "sqs-worker-dev-idempotency"
@@ -61,13 +61,13 @@ def run_dev(*, port: int = 0, demo: bool = True) -> int:
 
 
 async def _dev(settings: WorkerSettings, *, demo: bool) -> int:
-    from worker.aws import sync_client
-    from worker.bootstrap import ensure_queues
+    from worker.backends.aws import sync_client
     from worker.commands.core import default_max_receive_count
     from worker.jobs import default_registry, import_handlers
-    from worker.logs import configure_logging
+    from worker.observability.logs import configure_logging
+    from worker.ops.bootstrap import ensure_queues
     from worker.producer import Job, enqueue_many
-    from worker.service import serve
+    from worker.runtime.service import serve
 
     configure_logging(settings)
     import_handlers(["worker.examples", *settings.handlers])
@@ -134,7 +134,7 @@ def banner(settings: WorkerSettings) -> str:
 
 
 async def _ensure_table(connection: AwsConnection, name: str) -> None:
-    from worker.aws import async_client
+    from worker.backends.aws import async_client
     from worker.idempotency import create_table
 
     async with async_client("dynamodb", connection=connection.client_kwargs()) as client:
@@ -142,12 +142,12 @@ async def _ensure_table(connection: AwsConnection, name: str) -> None:
 
 
 def _scheduler(connection: AwsConnection, path: str, queue_url: str) -> Companion:
-    from worker.schedules import Schedule, load_schedules, run_local_scheduler
+    from worker.scheduling.schedules import Schedule, load_schedules, run_local_scheduler
 
     schedules = load_schedules(path)
 
     async def companion(stop: asyncio.Event) -> None:
-        from worker.aws import async_client
+        from worker.backends.aws import async_client
 
         async with async_client("sqs", connection=connection.client_kwargs()) as client:
 

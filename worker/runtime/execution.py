@@ -17,7 +17,7 @@ from worker.context import JobContext, ProgressSink
 from worker.envelope import INVALID_PAYLOAD, UNKNOWN_TYPE, Envelope, describe_errors, parse_envelope
 from worker.errors import InvalidMessage
 from worker.jobs import JobSpec, Registry
-from worker.threads import JobThreads
+from worker.runtime.threads import JobThreads
 
 
 @dataclass(frozen=True)

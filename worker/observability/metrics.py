@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
-from worker.events import Event, Kind
+from worker.observability.events import Event, Kind
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("worker.metrics")
@@ -468,7 +468,7 @@ def build_metrics_observer(
         return None
     if settings.metrics == "cloudwatch":
         if cloudwatch_client is None:
-            from worker.aws import sync_client
+            from worker.backends.aws import sync_client
 
             # botocore's attempts are the only retry of a put; a put that still fails drops its data (logged)
             cloudwatch_client = sync_client("cloudwatch", connection=settings.aws().client_kwargs())

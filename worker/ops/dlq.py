@@ -12,8 +12,8 @@ Rules every operation keeps:
   ``attempts``, ``failed_at``, ``source_queue``, ``original_message_id``) are stripped from a redriven
   message; other attributes are kept.
 
-The pure parts live apart: records, grouping and attribute rules in ``worker.dlq_records``, rate limiting and
-progress text in ``worker.progress``.
+The pure parts live apart: records, grouping and attribute rules in ``worker.ops.dlq_records``, rate limiting and
+progress text in ``worker.ops.progress``.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.aws import describe, resolve_queue_url_sync, translate
-from worker.dlq_records import DeadLetter, Snapshot, move_task_poll_s, redrive_attributes, requeue_attributes
+from worker.backends.aws import describe, resolve_queue_url_sync, translate
 from worker.errors import QueueUnavailable, WorkerError
 from worker.names import default_dlq_name, queue_name_of
-from worker.progress import Progress, RateLimiter
+from worker.ops.dlq_records import DeadLetter, Snapshot, move_task_poll_s, redrive_attributes, requeue_attributes
+from worker.ops.progress import Progress, RateLimiter
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient

@@ -1,6 +1,6 @@
 """The worker's SQS queue: one class that speaks to the queue through an injected aiobotocore client.
 
-Everything botocore raises is translated by the one error table of ``worker.aws`` (connection failures,
+Everything botocore raises is translated by the one error table of ``worker.backends.aws`` (connection failures,
 throttling and 5xx become QueueUnavailable; a missing queue, refused credentials or access ConfigError);
 per-entry batch failures become EntryFailed for the one caller concerned.
 """
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.aws import resolve_queue_url, translate
-from worker.batching import Batcher, EntryFailed
+from worker.backends.aws import resolve_queue_url, translate
+from worker.backends.batching import Batcher, EntryFailed
 
 if TYPE_CHECKING:
     from types_aiobotocore_sqs import SQSClient

@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sqs-worker: error: {exc}", file=sys.stderr)
         return 2
     except (BotoCoreError, ClientError) as exc:  # a call no command translated: still one line
-        from worker.aws import translate
+        from worker.backends.aws import translate
 
         print(f"sqs-worker: error: {translate(exc, 'AWS call')}", file=sys.stderr)
         return 2

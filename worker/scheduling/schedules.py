@@ -4,7 +4,7 @@ The file (YAML)::
 
     schedules:
       - name: weekday-report                # 1-64 of [0-9A-Za-z-_.]; unique
-        expression: cron(0 9 ? * MON-FRI *) # cron(...), rate(...) or at(...), see worker.cron
+        expression: cron(0 9 ? * MON-FRI *) # cron(...), rate(...) or at(...), see worker.scheduling.cron
         timezone: Europe/Berlin             # IANA zone; default UTC
         type: send_report                   # the job type a handler is registered for
         payload: {report: daily}            # the job's arguments (JSON values)
@@ -40,9 +40,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 
-from worker.cron import Expression, ExpressionError, next_fire_times, parse_expression, previous_fire_time
 from worker.envelope import describe_errors
 from worker.errors import ConfigError
+from worker.scheduling.cron import Expression, ExpressionError, next_fire_times, parse_expression, previous_fire_time
 
 SCHEDULED_TIME = "<aws.scheduler.scheduled-time>"
 IDEMPOTENCY_PREFIX = "schedule"

@@ -20,15 +20,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from worker.aws import content_refused
-from worker.batching import EntryFailed
+from worker.backends.aws import content_refused
+from worker.backends.batching import EntryFailed
+from worker.backends.sqs import Queue
 from worker.budgets import SEND, retry_delay_s
 from worker.deadletter import SQS_MAX_MESSAGE_BYTES, dead_letter_record, message_bytes
 from worker.errors import QueueUnavailable
-from worker.events import Kind, Observers
-from worker.held import Held
+from worker.observability.events import Kind, Observers
 from worker.policy import visibility_cap_s
-from worker.sqs import Queue
+from worker.runtime.held import Held
 
 log = logging.getLogger("worker")
 

@@ -8,8 +8,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from worker.events import Event, Kind, Observers
-from worker.sqs import Message
+from worker.backends.sqs import Message
+from worker.observability.events import Event, Kind, Observers
 
 if TYPE_CHECKING:
     from worker.idempotency import Claim

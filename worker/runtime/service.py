@@ -10,15 +10,15 @@ import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from worker.app import open_worker
 from worker.errors import ConfigError, QueueUnavailable
-from worker.events import Observer, Observers
-from worker.health import HealthObserver, Route, health_routes, listen_http, serve_until
 from worker.jobs import Registry
-from worker.logs import LogObserver
-from worker.metrics import build_metrics_observer
 from worker.names import queue_name_of
-from worker.prometheus import PrometheusObserver
+from worker.observability.events import Observer, Observers
+from worker.observability.health import HealthObserver, Route, health_routes, listen_http, serve_until
+from worker.observability.logs import LogObserver
+from worker.observability.metrics import build_metrics_observer
+from worker.observability.prometheus import PrometheusObserver
+from worker.runtime.assemble import open_worker
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("worker")

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.dlq import queue_attributes
 from worker.names import queue_name_of
+from worker.ops.dlq import queue_attributes
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient

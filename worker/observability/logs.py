@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from worker.events import Event, Kind
+from worker.observability.events import Event, Kind
 from worker.settings import WorkerSettings
 
 REDACTED = "[REDACTED]"

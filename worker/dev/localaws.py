@@ -1,6 +1,6 @@
 """An embedded local AWS for development and tests: a moto server on a loopback port, no account, no Docker.
 
-``sqs-worker dev`` starts one in-process; tests run ``python -m worker.localaws --port N`` as a separate
+``sqs-worker dev`` starts one in-process; tests run ``python -m worker.dev.localaws --port N`` as a separate
 process. Item writes to DynamoDB are made to take turns, as real DynamoDB serialises writes to an item
 (moto's conditional writes are check-then-write without a lock). An action moto lacks (StartMessageMoveTask)
 answers 501 UnsupportedOperation, which botocore does not retry, instead of a 500 page (retried, and logged

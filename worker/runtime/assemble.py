@@ -10,15 +10,15 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from worker.aws import async_client, client_config, is_transient, resolve_queue_url, translate
+from worker.backends.aws import async_client, client_config, is_transient, resolve_queue_url, translate
+from worker.backends.sqs import Queue, redrive_target_url
 from worker.budgets import retry_delay_s, start_budget
 from worker.errors import ConfigError, QueueUnavailable
-from worker.events import Observers
 from worker.jobs import Registry
 from worker.names import default_dlq_name, queue_name_of
-from worker.runtime import RuntimeOptions, Worker
+from worker.observability.events import Observers
+from worker.runtime.worker import RuntimeOptions, Worker
 from worker.settings import WorkerSettings
-from worker.sqs import Queue, redrive_target_url
 
 if TYPE_CHECKING:
     from types_aiobotocore_sqs import SQSClient

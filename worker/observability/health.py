@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.events import Event
+from worker.observability.events import Event
+from worker.runtime.threads import thread_limit
 from worker.settings import WorkerSettings
-from worker.threads import thread_limit
 
 log = logging.getLogger("worker.health")
 

@@ -7,14 +7,14 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from worker.batching import EntryFailed
+from worker.backends.batching import EntryFailed
+from worker.backends.sqs import Queue
 from worker.errors import LedgerUnavailable, QueueUnavailable
-from worker.events import Kind, Observers
-from worker.held import Connectivity, Held
+from worker.observability.events import Kind, Observers
 from worker.policy import visibility_cap_s
-from worker.slots import Slots
-from worker.sqs import Queue
-from worker.threads import JobThreads
+from worker.runtime.held import Connectivity, Held
+from worker.runtime.slots import Slots
+from worker.runtime.threads import JobThreads
 
 if TYPE_CHECKING:
     from worker.idempotency import Ledger

@@ -4,7 +4,7 @@ Lifecycle of a message: received (holds a slot, visibility claimed) -> started -
 (deleted), retried (visibility set to the backoff delay), dead-lettered (sent to the DLQ, then deleted), or
 released (visibility 0: shutdown, a failure earlier in its FIFO group, or a live idempotency lease elsewhere).
 Acknowledgements and bookkeeping are shielded from cancellation so a SIGTERM cannot skip them. Heartbeats live
-in ``worker.heartbeat``, the SQS side of each outcome in ``worker.outcomes``.
+in ``worker.runtime.heartbeat``, the SQS side of each outcome in ``worker.runtime.outcomes``.
 """
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from worker.backends.sqs import Message, Queue
 from worker.budgets import RECEIVE, retry_delay_s
 from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable
-from worker.events import Kind, Observers
-from worker.execution import PreparedJob, build_context, call_handler, prepare, result_for_ledger
-from worker.heartbeat import EXTEND_BELOW_SHARE, Heartbeat
-from worker.held import Connectivity, Held
 from worker.jobs import Registry
-from worker.outcomes import Outcomes
+from worker.observability.events import Kind, Observers
 from worker.policy import BUG, PERMANENT, Action, classify_failure, describe_error, error_text
-from worker.slots import Slots, receive_loops
-from worker.sqs import Message, Queue
-from worker.threads import JobThreads
+from worker.runtime.execution import PreparedJob, build_context, call_handler, prepare, result_for_ledger
+from worker.runtime.heartbeat import EXTEND_BELOW_SHARE, Heartbeat
+from worker.runtime.held import Connectivity, Held
+from worker.runtime.outcomes import Outcomes
+from worker.runtime.slots import Slots, receive_loops
+from worker.runtime.threads import JobThreads
 
 if TYPE_CHECKING:
     from worker.idempotency import Claim, Ledger

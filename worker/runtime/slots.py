@@ -128,7 +128,7 @@ class Slots:
         return self.total - self.free
 
 
-#: Receive loops beyond one per 10 slots, to use the slots a slow receive gave back (``worker.runtime``).
+#: Receive loops beyond one per 10 slots, to use the slots a slow receive gave back (``worker.runtime.worker``).
 SPARE_RECEIVE_LOOPS = 3
 
 

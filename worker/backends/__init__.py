@@ -1,0 +1,1 @@
+"""Queue edges: the AWS client factory and error table, SQS calls, batching."""

@@ -1,0 +1,1 @@
+"""`sqs-worker dev`: the embedded local AWS, its server and the example handlers."""

@@ -1,0 +1,1 @@
+"""Logs, metrics (EMF, CloudWatch, Prometheus), health endpoints and the observer fan-out."""

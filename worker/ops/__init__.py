@@ -1,0 +1,1 @@
+"""What the operator commands do: dead letters, stats, bootstrap, progress."""

@@ -1,0 +1,1 @@
+"""Cron expressions (AWS dialect) and the schedules file."""
