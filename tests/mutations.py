@@ -132,9 +132,9 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "h",
         "fencing token ignored (owner still checked)",
-        "worker/idempotency/dynamodb.py",
-        '"token_is_mine": "#token = :token"',
-        '"token_is_mine": "#token = :token OR attribute_exists(#token)"',  # cond() adds the parentheses
+        "worker/idempotency/expressions.py",
+        '"token_is_mine": Compare("token", "=", "token")',
+        '"token_is_mine": Compare("owner", "=", "owner")',
         ("tests/test_idempotency_ledger.py::test_same_owner_name_with_an_old_token_is_fenced",),
     ),
     Breakage(

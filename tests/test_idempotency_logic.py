@@ -213,12 +213,14 @@ def test_truncate(text: str, max_chars: int) -> None:
 
 
 def test_conditions_are_composed_from_named_fragments() -> None:
-    assert CLAIM_CONDITION == (
+    assert CLAIM_CONDITION.render() == (
         "((attribute_not_exists(#key)) OR ((#expiration > :now_s) AND (#payload_hash = :payload_hash) AND "
         "(((#status = :in_progress) AND (#lease_expires_at_ms <= :now_ms)) OR (#status = :failed))))"
     )
     assert all_of("in_progress", "owner_is_me", "token_is_mine") == OWNED_CONDITION
-    assert any_of("absent", cond("failed")) == f"(({CONDITIONS['absent']}) OR ({CONDITIONS['failed']}))"
+    assert (
+        any_of("absent", cond("failed")).render() == f"(({CONDITIONS['absent'].text}) OR ({CONDITIONS['failed'].text}))"
+    )
 
 
 def test_placeholders_name_every_attribute_and_only_used_values() -> None:
@@ -228,7 +230,7 @@ def test_placeholders_name_every_attribute_and_only_used_values() -> None:
         "SET #status = :set_status, #token = if_not_exists(#token, :zero) + :one, "
         "#created_at = if_not_exists(#created_at, :keep_created_at) REMOVE #owner"
     )
-    arguments = _placeholders([text, cond("owner_is_me")], {**values, "owner": "w", "unused": 1})
+    arguments = _placeholders([text, cond("owner_is_me").render()], {**values, "owner": "w", "unused": 1})
     assert arguments["ExpressionAttributeNames"] == {
         "#status": "status",
         "#token": "token",
@@ -237,7 +239,7 @@ def test_placeholders_name_every_attribute_and_only_used_values() -> None:
     }
     assert set(arguments["ExpressionAttributeValues"]) == {":set_status", ":zero", ":one", ":keep_created_at", ":owner"}
     with pytest.raises(KeyError, match="token"):
-        _placeholders([cond("token_is_mine")], {})
+        _placeholders([cond("token_is_mine").render()], {})
 
 
 @given(
@@ -267,8 +269,10 @@ def test_public_names_are_exported_once() -> None:
     """``__all__`` (kept sorted by ruff's RUF022) names exactly the package's public attributes."""
     public = {name for name in vars(idempotency) if not name.startswith("_")} - {
         "dynamodb",
+        "expressions",
         "keys",
         "ledger",
+        "memory",
     }
     assert len(set(idempotency.__all__)) == len(idempotency.__all__)
     assert set(idempotency.__all__) == public

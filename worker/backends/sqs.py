@@ -8,44 +8,22 @@ per-entry batch failures become EntryFailed for the one caller concerned.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from worker.backends.aws import resolve_queue_url, translate
 from worker.backends.batching import Batcher, EntryFailed
+from worker.backends.protocols import Message
 
 if TYPE_CHECKING:
     from types_aiobotocore_sqs import SQSClient
 
-
-@dataclass(frozen=True)
-class Message:
-    """A received SQS message."""
-
-    message_id: str
-    receipt_handle: str
-    body: str
-    attributes: dict[str, str]
-    message_attributes: dict[str, Any]
-
-    @property
-    def receive_count(self) -> int:
-        return int(self.attributes.get("ApproximateReceiveCount", "1"))
-
-    @property
-    def sent_timestamp_ms(self) -> int | None:
-        value = self.attributes.get("SentTimestamp")
-        return int(value) if value else None
-
-    @property
-    def group_id(self) -> str | None:
-        return self.attributes.get("MessageGroupId")
+__all__ = ["Message", "Queue", "redrive_target_url"]
 
 
 class Queue:
-    """One SQS queue (the work queue or its DLQ) behind an injected aiobotocore SQS client."""
+    """One SQS queue (the work queue or its DLQ) behind an injected aiobotocore SQS client (a MessageQueue)."""
 
     def __init__(self, client: SQSClient, url: str, *, batch_delay_s: float = 0.005) -> None:
         self.client = client

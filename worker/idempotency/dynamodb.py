@@ -1,8 +1,8 @@
 """DynamoDB persistence of the ledger: gets, conditional puts and updates, table creation. No policy here.
 
 Items are exchanged with the ledger as plain Python values (str, int, float, None); numbers come back as int
-when integral. Condition expressions are composed from the named fragments in CONDITIONS, so each rule reads
-as words (``any_of(cond("absent"), all_of("unexpired", "same_payload", ...))``) and is tested once.
+when integral. Conditions and updates come as data (``worker.idempotency.expressions``), rendered here to
+DynamoDB's expression text; the in-memory store evaluates the same data.
 
 Transport failures are retried as the store's budget allows (``worker.budgets.LEDGER``: about 5 s); then every
 botocore or connection error becomes LedgerUnavailable (fail closed), worded by the edge's one error table
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -24,6 +23,15 @@ from botocore.exceptions import BotoCoreError, ClientError
 from worker.backends.aws import call_with_budget, translate
 from worker.budgets import LEDGER, Budget
 from worker.errors import LedgerUnavailable
+from worker.idempotency.expressions import (
+    CONDITIONS,
+    Condition,
+    Update,
+    WriteResult,
+    all_of,
+    any_of,
+    cond,
+)
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.client import DynamoDBClient
@@ -34,38 +42,21 @@ KEY_ATTRIBUTE = "key"
 #: The TTL attribute (epoch seconds).
 TTL_ATTRIBUTE = "expiration"
 
-#: Named condition fragments. Placeholders ``#name`` stand for the attribute ``name``; ``:value`` for values.
-CONDITIONS: dict[str, str] = {
-    "absent": "attribute_not_exists(#key)",
-    "unexpired": "#expiration > :now_s",
-    "same_payload": "#payload_hash = :payload_hash",
-    "lease_lapsed": "#lease_expires_at_ms <= :now_ms",
-    "in_progress": "#status = :in_progress",
-    "failed": "#status = :failed",
-    "owner_is_me": "#owner = :owner",
-    "token_is_mine": "#token = :token",
-    "token_unchanged": "#token = :seen_token",
-    "updated_at_unchanged": "#updated_at = :seen_updated_at",
-}
-
 _NAME = re.compile(r"#(\w+)")
 _VALUE = re.compile(r":(\w+)")
+__all__ = [
+    "CONDITIONS",
+    "KEY_ATTRIBUTE",
+    "TTL_ATTRIBUTE",
+    "DynamoDBStore",
+    "Update",
+    "WriteResult",
+    "all_of",
+    "any_of",
+    "cond",
+    "create_table",
+]
 _CONNECTION_ERRORS = (BotoCoreError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
-
-
-def cond(name: str) -> str:
-    """One named fragment, parenthesised."""
-    return f"({CONDITIONS[name]})"
-
-
-def all_of(*parts: str) -> str:
-    """Fragments (by name) or composed expressions (starting with "(") joined with AND."""
-    return "(" + " AND ".join(part if part.startswith("(") else cond(part) for part in parts) + ")"
-
-
-def any_of(*parts: str) -> str:
-    """Fragments (by name) or composed expressions joined with OR."""
-    return "(" + " OR ".join(part if part.startswith("(") else cond(part) for part in parts) + ")"
 
 
 def encode_value(value: object) -> AttributeValueTypeDef:
@@ -102,38 +93,6 @@ def decode_item(item: Mapping[str, Any] | None) -> dict[str, object] | None:
     if not item:
         return None
     return {name: decode_value(value) for name, value in item.items()}
-
-
-@dataclass(frozen=True)
-class WriteResult:
-    """Outcome of a conditional write: ``ok`` and the item after it (ok, when asked) or before it (not ok)."""
-
-    ok: bool
-    item: dict[str, object] | None
-
-
-@dataclass(frozen=True)
-class Update:
-    """The parts of an UpdateItem, by attribute name."""
-
-    assign: Mapping[str, object]
-    increment: Sequence[str] = ()
-    keep_if_present: Mapping[str, object] | None = None
-    remove: Sequence[str] = ()
-
-    def expression(self) -> tuple[str, dict[str, object]]:
-        clauses = [f"#{name} = :set_{name}" for name in self.assign]
-        values: dict[str, object] = {f"set_{name}": value for name, value in self.assign.items()}
-        for name in self.increment:
-            clauses.append(f"#{name} = if_not_exists(#{name}, :zero) + :one")
-            values.update(zero=0, one=1)
-        for name, value in (self.keep_if_present or {}).items():
-            clauses.append(f"#{name} = if_not_exists(#{name}, :keep_{name})")
-            values[f"keep_{name}"] = value
-        text = "SET " + ", ".join(clauses)
-        if self.remove:
-            text += " REMOVE " + ", ".join(f"#{name}" for name in self.remove)
-        return text, values
 
 
 def _placeholders(expressions: Sequence[str], values: Mapping[str, object]) -> dict[str, Any]:
@@ -174,18 +133,19 @@ class DynamoDBStore:
         return decode_item(response.get("Item"))
 
     async def update(
-        self, key: str, update: Update, *, condition: str, values: Mapping[str, object], return_new: bool = False
+        self, key: str, update: Update, *, condition: Condition, values: Mapping[str, object], return_new: bool = False
     ) -> WriteResult:
         """One conditional UpdateItem. ``ok=False`` with the old item when the condition fails."""
         update_text, update_values = update.expression()
-        arguments = _placeholders([update_text, condition], {**values, **update_values})
+        condition_text = condition.render()
+        arguments = _placeholders([update_text, condition_text], {**values, **update_values})
         try:
             response = await call_with_budget(
                 lambda: self._client.update_item(
                     TableName=self.table_name,
                     Key={KEY_ATTRIBUTE: {"S": key}},
                     UpdateExpression=update_text,
-                    ConditionExpression=condition,
+                    ConditionExpression=condition_text,
                     ReturnValues="ALL_NEW" if return_new else "NONE",
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                     **arguments,
@@ -198,15 +158,18 @@ class DynamoDBStore:
             raise self._unavailable("UpdateItem", exc) from exc
         return WriteResult(True, decode_item(response.get("Attributes")))
 
-    async def put(self, item: Mapping[str, object], *, condition: str, values: Mapping[str, object]) -> WriteResult:
+    async def put(
+        self, item: Mapping[str, object], *, condition: Condition, values: Mapping[str, object]
+    ) -> WriteResult:
         """One conditional PutItem replacing the whole item. ``ok=False`` with the old item when refused."""
-        arguments = _placeholders([condition], values)
+        condition_text = condition.render()
+        arguments = _placeholders([condition_text], values)
         try:
             await call_with_budget(
                 lambda: self._client.put_item(
                     TableName=self.table_name,
                     Item={name: encode_value(value) for name, value in item.items() if value is not None},
-                    ConditionExpression=condition,
+                    ConditionExpression=condition_text,
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                     **arguments,
                 ),

@@ -29,10 +29,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from worker.budgets import LEDGER, Budget
 from worker.errors import LedgerUnavailable
-from worker.idempotency.dynamodb import DynamoDBStore, Update, all_of, any_of, cond
+from worker.idempotency.dynamodb import DynamoDBStore
+from worker.idempotency.expressions import Update, all_of, any_of, cond
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.client import DynamoDBClient
+
+    from worker.backends.protocols import LedgerStore
 
 logger = logging.getLogger("worker.idempotency")
 
@@ -255,18 +258,21 @@ class _ProgressState:
 
 
 class Ledger:
-    """Claims, renews and settles idempotency keys in a DynamoDB table.
+    """Claims, renews and settles idempotency keys in a DynamoDB table (or another LedgerStore).
 
     ``owner`` identifies this worker process (e.g. ``f"{hostname}:{pid}:{uuid4().hex[:8]}"``). ``clock`` gives
     epoch seconds (injectable for tests). All methods raise LedgerUnavailable when the table cannot be reached.
+    ``Ledger(client, table, owner=...)`` keeps its items in DynamoDB; ``Ledger(store=..., owner=...)`` in any
+    :class:`~worker.backends.protocols.LedgerStore` (``worker.idempotency.memory.MemoryStore`` in tests).
     """
 
     def __init__(
         self,
-        client: DynamoDBClient,
-        table_name: str,
+        client: DynamoDBClient | None = None,
+        table_name: str | None = None,
         *,
         owner: str,
+        store: LedgerStore | None = None,
         clock: Callable[[], float] = time.time,
         result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES,
         ttl_s: int = DEFAULT_TTL_S,
@@ -277,8 +283,12 @@ class Ledger:
             raise ValueError("owner must not be empty")
         if ttl_s <= 0 or result_max_bytes < 0 or progress_min_interval_s < 0:
             raise ValueError("ttl_s must be > 0; result_max_bytes and progress_min_interval_s >= 0")
-        self._store = DynamoDBStore(client, table_name, budget=budget)
-        self.table_name = table_name
+        if store is None:
+            if client is None or not table_name:
+                raise ValueError("give a DynamoDB client and table name, or a store")
+            store = DynamoDBStore(client, table_name, budget=budget)
+        self._store: LedgerStore = store
+        self.table_name = store.table_name
         self.owner = owner
         self._clock = clock
         self._result_max_bytes = result_max_bytes

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from worker.backends.batching import EntryFailed
-from worker.backends.sqs import Queue
+from worker.backends.protocols import MessageQueue
 from worker.errors import LedgerUnavailable, QueueUnavailable
 from worker.observability.events import Kind, Observers
 from worker.policy import visibility_cap_s
@@ -33,7 +33,7 @@ class Heartbeat:
     def __init__(
         self,
         *,
-        queue: Queue,
+        queue: MessageQueue,
         slots: Slots,
         visibility_timeout_s: int,
         observers: Observers,

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from worker.backends.sqs import Message
+from worker.backends.protocols import Message
 from worker.observability.events import Event, Kind, Observers
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from typing import Any
 
 from worker.backends.aws import content_refused
 from worker.backends.batching import EntryFailed
-from worker.backends.sqs import Queue
+from worker.backends.protocols import MessageQueue
 from worker.budgets import SEND, retry_delay_s
 from worker.deadletter import SQS_MAX_MESSAGE_BYTES, dead_letter_record, message_bytes
 from worker.errors import QueueUnavailable
@@ -55,7 +55,7 @@ class Decided:
 class Outcomes:
     """The four ways a held message leaves this worker, each reported to the observers."""
 
-    def __init__(self, *, queue: Queue, dlq: Queue, observers: Observers) -> None:
+    def __init__(self, *, queue: MessageQueue, dlq: MessageQueue, observers: Observers) -> None:
         self.queue = queue
         self.dlq = dlq
         self.observers = observers

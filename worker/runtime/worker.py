@@ -20,7 +20,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from worker.backends.sqs import Message, Queue
+from worker.backends.protocols import Message, MessageQueue
 from worker.budgets import RECEIVE, retry_delay_s
 from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable
 from worker.jobs import Registry
@@ -64,8 +64,8 @@ class Worker:
         self,
         *,
         registry: Registry,
-        queue: Queue,
-        dlq: Queue,
+        queue: MessageQueue,
+        dlq: MessageQueue,
         options: RuntimeOptions,
         observers: Observers | None = None,
         ledger: Ledger | None = None,
