@@ -14,7 +14,7 @@ import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -37,6 +37,44 @@ log = logging.getLogger("worker")
 
 Handler = Callable[..., Any]
 KeyFunction = Callable[[Any], str]
+P = ParamSpec("P")
+R = TypeVar("R", covariant=True)
+
+if TYPE_CHECKING:
+    from worker.producer import BatchResult
+
+
+class JobFunction(Protocol, Generic[P, R]):
+    """What ``@job`` returns: the handler itself (call it directly in a unit test), carrying ``.enqueue`` and its
+    twins (``worker.enqueue.JobRef``): the payload is validated against the handler's model before sending."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    def enqueue(
+        self,
+        payload: Any,
+        *,
+        delay_s: int | None = None,
+        idempotency_key: str | None = None,
+        group_id: str | None = None,
+    ) -> str: ...
+
+    async def enqueue_async(
+        self,
+        payload: Any,
+        *,
+        delay_s: int | None = None,
+        idempotency_key: str | None = None,
+        group_id: str | None = None,
+    ) -> str: ...
+
+    def enqueue_many(
+        self, payloads: Iterable[Any], *, delay_s: int | None = None, group_id: str | None = None
+    ) -> BatchResult: ...
+
+    async def enqueue_many_async(
+        self, payloads: Iterable[Any], *, delay_s: int | None = None, group_id: str | None = None
+    ) -> BatchResult: ...
 
 
 @dataclass(frozen=True)
@@ -140,10 +178,11 @@ class Registry:
         bugs: Iterable[type[BaseException]] = DEFAULT_BUG_ERRORS,
         idempotent: bool = False,
         key: KeyFunction | None = None,
-    ) -> Callable[[Handler], Handler]:
-        """Register the decorated function (``async def`` or plain ``def``) as the handler of job type ``name``."""
+    ) -> Callable[[Callable[P, R]], JobFunction[P, R]]:
+        """Register the decorated function (``async def`` or plain ``def``) as the handler of job type ``name``;
+        it is returned as it is, with ``.enqueue`` methods added (``worker.enqueue``)."""
 
-        def decorate(handler: Handler) -> Handler:
+        def decorate(handler: Callable[P, R]) -> JobFunction[P, R]:
             caller = sys._getframe(1)  # the scope the handler is defined in: its local models resolve there
             try:
                 payload_model, wants_context = inspect_handler(handler, localns=dict(caller.f_locals))
@@ -166,7 +205,10 @@ class Registry:
                     is_async=_is_async(handler),
                 )
             )
-            return handler
+            from worker.enqueue import attach
+
+            attach(handler, name, payload_model)
+            return cast(JobFunction[P, R], handler)
 
         return decorate
 

@@ -53,6 +53,65 @@ def _entry(job: Job, *, fifo: bool) -> dict[str, Any]:
     return entry
 
 
+def message_entry(job: Job, *, fifo: bool) -> dict[str, Any]:
+    """The SendMessage arguments of ``job`` (body, and group, deduplication id or delay): the one place every
+    producer (boto3, the typed ``.enqueue``, the in-memory queue of ``worker.testing``) builds a message."""
+    return _entry(job, fifo=fifo)
+
+
+@dataclass(frozen=True)
+class EntryFailure:
+    """One job of a batch that SQS refused: its index in the jobs given, SQS's code and message."""
+
+    index: int
+    code: str
+    message: str
+    sender_fault: bool = True
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What a batch send did, per job: ``message_ids[i]`` is job i's MessageId, None when it failed."""
+
+    message_ids: list[str | None]
+    failures: list[EntryFailure] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def send_batch(client: SQSClient, queue_url: str, jobs: Iterable[Job]) -> BatchResult:
+    """Send jobs with SendMessageBatch, 10 per request, without retrying: entries SQS refuses are reported in
+    ``failures`` (the others were sent); a request that fails as a whole raises (QueueUnavailable, ConfigError),
+    naming how many jobs were sent before it."""
+    fifo = queue_url.endswith(".fifo")
+    all_jobs = list(jobs)
+    entries = [message_entry(job, fifo=fifo) for job in all_jobs]  # every job checked before the first send
+    ids: list[str | None] = [None] * len(all_jobs)
+    failures: list[EntryFailure] = []
+    for start in range(0, len(entries), 10):
+        chunk = [{"Id": str(start + i), **entry} for i, entry in enumerate(entries[start : start + 10])]
+        try:
+            response = client.send_message_batch(QueueUrl=queue_url, Entries=chunk)  # type: ignore[arg-type]
+        except (BotoCoreError, ClientError, OSError) as exc:
+            name = queue_name_of(queue_url)
+            error = translate(exc, "SendMessageBatch", resource=name, endpoint=client.meta.endpoint_url)
+            raise type(error)(f"{error} ({start} of {len(entries)} jobs sent before)") from exc
+        for sent in response.get("Successful", []):
+            ids[int(sent["Id"])] = sent["MessageId"]
+        for failed in response.get("Failed", []):
+            failures.append(
+                EntryFailure(
+                    int(failed["Id"]),
+                    failed.get("Code", "Unknown"),
+                    failed.get("Message", ""),
+                    bool(failed.get("SenderFault", True)),
+                )
+            )
+    return BatchResult(ids, sorted(failures, key=lambda failure: failure.index))
+
+
 def enqueue(client: SQSClient, queue_url: str, job: Job) -> str:
     """Send one job; returns its MessageId."""
     try:

@@ -58,7 +58,7 @@ class RuntimeOptions:
 
 
 class Worker:
-    """Consumes one queue with the handlers of a registry. Clients come in through the Queue objects."""
+    """Consumes one queue with the handlers of a registry. Clients come in through the MessageQueue objects."""
 
     def __init__(
         self,
@@ -528,6 +528,11 @@ class Worker:
     @property
     def in_flight(self) -> int:
         return len(self.heartbeat)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing held and no job task alive (running, waiting for a slot or applying an outcome)."""
+        return not self._jobs and not len(self.heartbeat)
 
 
 def receive_backoff_s(*, failures: int, rng: random.Random) -> float:

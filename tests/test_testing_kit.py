@@ -1,0 +1,167 @@
+"""worker.testing: the real worker over the in-memory backend, run until idle; the sqs_worker fixture."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from worker import JobContext, PermanentError, RetryableError
+from worker.enqueue import job_ref
+from worker.errors import ConfigError
+from worker.jobs import Registry
+from worker.observability.events import Kind
+from worker.testing import InMemoryWorker
+
+
+class Email(BaseModel):
+    to: str
+    subject: str
+
+
+def mail_registry(sent: list[str]) -> Registry:
+    registry = Registry()
+
+    @registry.job("send_email", max_attempts=3)
+    async def send_email(payload: Email, ctx: JobContext) -> None:
+        if payload.to.endswith("@closed.example"):
+            raise PermanentError("the mailbox is closed")
+        sent.append(payload.to)
+
+    return registry
+
+
+def test_one_succeeds_one_is_dead_lettered_as_permanent_and_the_effect_happens_once() -> None:
+    sent: list[str] = []
+    kit = InMemoryWorker(mail_registry(sent))
+    ref = job_ref("send_email", Email)
+    ref.enqueue(Email(to="ada@example.com", subject="Hi"), producer=kit.producer)
+    ref.enqueue({"to": "bob@closed.example", "subject": "Hi"}, producer=kit.producer)
+    result = kit.run_until_idle()
+    assert (result.succeeded, result.retried, result.dead_lettered) == (1, 0, 1)
+    assert sent == ["ada@example.com"]
+    [dead] = result.dead_letters
+    assert dead.category == "permanent"
+    assert dead.error_message == "PermanentError: the mailbox is closed"
+    assert dead.attempts == 1 and dead.job_type == "send_email"
+    assert dead.payload == {"to": "bob@closed.example", "subject": "Hi"}
+    assert dead.attributes["source_queue"] == "jobs"
+    assert kit.counts().total == 0
+
+
+def test_backoff_delays_pass_at_once_and_attempts_count_up() -> None:
+    registry = Registry()
+    attempts: list[int] = []
+
+    @registry.job("flaky", max_attempts=4, backoff_base_s=60, backoff_max_s=600)
+    async def flaky(payload: dict[str, Any], ctx: JobContext) -> str:
+        attempts.append(ctx.attempt)
+        if ctx.attempt < 3:
+            raise RetryableError("upstream busy", delay_s=300 * ctx.attempt)
+        return "done"
+
+    kit = InMemoryWorker(registry)
+    kit.enqueue("flaky", {})
+    result = kit.run_until_idle(timeout_s=10)
+    assert attempts == [1, 2, 3]
+    assert (result.succeeded, result.retried, result.dead_lettered) == (1, 2, 0)
+    assert result.skipped_s >= 900 - 1  # the 300 s and 600 s retry delays, skipped
+    assert [e.delay_s for e in result.of(Kind.RETRY_SCHEDULED)] == [300, 600]
+
+
+def test_exhausted_and_invalid_payloads_reach_the_dlq_with_their_category() -> None:
+    registry = Registry()
+
+    @registry.job("always_down", max_attempts=3, backoff_base_s=30)
+    def always_down(payload: dict[str, Any]) -> None:  # a plain def: runs in a worker thread
+        raise ConnectionError("refused")
+
+    @registry.job("send_email")
+    async def send_email(payload: Email) -> None:
+        raise AssertionError("an invalid payload never reaches the handler")
+
+    kit = InMemoryWorker(registry)
+    kit.enqueue("always_down", {"n": 1})
+    kit.enqueue("send_email", {"to": 42})
+    kit.send_raw("not json")
+    result = kit.run_until_idle()
+    categories = sorted(str(dead.category) for dead in result.dead_letters)
+    assert categories == ["exhausted", "invalid_message", "invalid_payload"]
+    exhausted = next(dead for dead in result.dead_letters if dead.category == "exhausted")
+    assert exhausted.attempts == 3 and exhausted.error_message == "ConnectionError: refused"
+
+
+def test_idempotency_keys_run_a_job_once() -> None:
+    registry = Registry()
+    charged: list[str] = []
+
+    @registry.job("charge", key=lambda payload: payload["order"])
+    async def charge(payload: dict[str, Any], ctx: JobContext) -> int:
+        charged.append(payload["order"])
+        return 42
+
+    kit = InMemoryWorker(registry)
+    kit.enqueue("charge", {"order": "o-1"})
+    first = kit.run_until_idle()
+    kit.enqueue("charge", {"order": "o-1"})
+    kit.enqueue("charge", {"order": "o-1"}, idempotency_key=None)
+    second = kit.run_until_idle()
+    assert charged == ["o-1"]
+    assert (first.succeeded, second.duplicates_skipped) == (1, 2)
+    record = kit.ledger_record("charge:o-1")
+    assert record is not None and record.result == 42
+
+
+def test_fifo_groups_run_in_order_and_a_failure_holds_its_group() -> None:
+    registry = Registry()
+    seen: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    @registry.job("step", max_attempts=3, backoff_base_s=10)
+    async def step(payload: dict[str, Any], ctx: JobContext) -> None:
+        with lock:
+            seen.append((payload["group"], payload["n"]))
+        if payload["n"] == 1 and payload["group"] == "a" and ctx.attempt == 1:
+            raise RetryableError("once", delay_s=120)
+
+    kit = InMemoryWorker(registry, queue="jobs.fifo")
+    for n in range(4):
+        for group in ("a", "b"):
+            kit.enqueue("step", {"group": group, "n": n}, group_id=group)
+    result = kit.run_until_idle()
+    assert result.succeeded == 8 and result.retried == 1
+    for group in ("a", "b"):
+        order = [n for g, n in seen if g == group]
+        assert sorted(set(order)) == [0, 1, 2, 3]
+        first_done = [n for i, n in enumerate(order) if n not in order[:i]]
+        assert first_done == [0, 1, 2, 3]  # nothing of a group overtook its earlier message
+    assert [n for g, n in seen if g == "a"] == [0, 1, 1, 2, 3]
+
+
+def test_sqs_worker_fixture_routes_enqueue_to_memory(sqs_worker: InMemoryWorker) -> None:
+    job_ref("nobody_handles_this").enqueue({"x": 1})
+    result = sqs_worker.run_until_idle()
+    [dead] = result.dead_letters
+    assert dead.category == "unknown_type"
+
+
+def test_run_until_idle_refuses_a_running_loop_and_bounds_a_job_that_never_ends() -> None:
+    registry = Registry()
+
+    @registry.job("forever", timeout_s=60)
+    async def forever(payload: dict[str, Any]) -> None:
+        kit.enqueue("forever", {})
+
+    kit = InMemoryWorker(registry)
+    kit.enqueue("forever", {})
+    with pytest.raises(TimeoutError, match="not idle after 1 s"):
+        kit.run_until_idle(timeout_s=1)
+
+
+async def test_run_until_idle_inside_a_loop_says_what_to_use() -> None:
+    kit = InMemoryWorker(Registry())
+    with pytest.raises(ConfigError, match="run_until_idle_async"):
+        kit.run_until_idle()
+    assert (await kit.run_until_idle_async()).succeeded == 0
