@@ -192,7 +192,7 @@ def test_readme_examples_run_as_written(dev_server: dict[str, str], tmp_path: Pa
             ran.append(command)
         assert len(ran) >= 4, ran
         run_log = folder / "sqs-worker-run.log"
-        expected = 2  # the boto3 example and the inline `sqs-worker enqueue`
+        expected = 3  # the boto3 example, the typed `.enqueue` and the inline `sqs-worker enqueue`
         try:
             wait_until(
                 lambda: sum(e.get("event") == "succeeded" for e in log_events(run_log)) >= expected,

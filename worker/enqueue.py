@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -127,7 +128,8 @@ def _code_of(exc: BaseException) -> str:
 _current: contextvars.ContextVar[Producer | None] = contextvars.ContextVar("sqs_worker_producer", default=None)
 #: What ``use_producer`` set last, for threads that do not inherit the context (a plain ``def`` handler's thread).
 _installed: list[Producer] = []
-_from_settings: SQSProducer | None = None
+#: SQSProducers made from the settings, by queue and connection (a client each, made once).
+_from_settings: dict[tuple[str, str], SQSProducer] = {}
 _from_settings_lock = threading.Lock()
 
 
@@ -144,17 +146,23 @@ def use_producer(producer: Producer) -> Iterator[Producer]:
 
 
 def current_producer() -> Producer:
-    """The producer ``.enqueue`` uses now: ``use_producer``'s, else an SQSProducer from the settings."""
-    global _from_settings
+    """The producer ``.enqueue`` uses now: ``use_producer``'s, else an SQSProducer for the settings as they are
+    now (``WORKER_QUEUE`` and the AWS variables; one per queue and endpoint, made once)."""
     producer = _current.get()
     if producer is not None:
         return producer
     if _installed:
         return _installed[-1]
+    from worker.settings import WorkerSettings
+
+    settings = WorkerSettings()
+    endpoints = [os.environ.get(name) for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_SQS")]  # botocore's own
+    key = (settings.queue, repr((sorted(settings.aws().client_kwargs().items()), endpoints)))
     with _from_settings_lock:
-        if _from_settings is None:
-            _from_settings = SQSProducer()
-        return _from_settings
+        found = _from_settings.get(key)
+        if found is None:
+            found = _from_settings[key] = SQSProducer(settings=settings)
+        return found
 
 
 class JobRef(Generic[M]):
@@ -198,7 +206,7 @@ class JobRef(Generic[M]):
         try:
             model = payload if isinstance(payload, self.model) else self.model.model_validate(payload)
         except ValidationError as exc:
-            raise ConfigError(f"job {self.name!r}: invalid payload, nothing sent: {describe_errors(exc)}") from None
+            raise ConfigError(f"job {self.name!r}: payload {describe_errors(exc)}; nothing sent") from None
         dumped: dict[str, Any] = model.model_dump(mode="json")
         return dumped
 
