@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 import pytest_asyncio
 
-from tests.support.backends import Backend, start_localstack, start_moto
+from tests.support.backends import Backend, start_localstack, start_memory, start_moto
 from tests.support.harness import make_queues
 from tests.support.idempotency import dynamodb_client
 from tests.support.logs import root_logging_restored
@@ -28,7 +28,16 @@ for _name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
     os.environ.pop(_name, None)
 
 #: Every backend the integration suite runs on; SQS_WORKER_TEST_BACKENDS=moto narrows a local run (never in CI).
-BACKENDS = os.environ.get("SQS_WORKER_TEST_BACKENDS", "moto,localstack").split(",")
+#: ``memory`` runs only the tests marked ``@pytest.mark.memory`` (those that need no HTTP endpoint).
+BACKENDS = os.environ.get("SQS_WORKER_TEST_BACKENDS", "moto,localstack,memory").split(",")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each test that uses a backend runs on each of BACKENDS; on memory only when marked ``memory``."""
+    if "backend" in metafunc.fixturenames:
+        marked = metafunc.definition.get_closest_marker("memory") is not None
+        names = [name for name in BACKENDS if name != "memory" or marked]
+        metafunc.parametrize("backend", names, indirect=True)
 
 
 @pytest.fixture(scope="session")
@@ -46,9 +55,14 @@ def localstack_backend() -> Iterator[Backend]:
     backend.stop()
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(scope="session")
+def memory_backend() -> Backend:
+    return start_memory()
+
+
+@pytest.fixture
 def backend(request: pytest.FixtureRequest) -> Backend:
-    """Each backend the integration suite runs against, started once per session."""
+    """Each backend the integration suite runs against, started once per session (see pytest_generate_tests)."""
     started: Backend = request.getfixturevalue(f"{request.param}_backend")
     return started
 

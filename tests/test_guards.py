@@ -10,6 +10,7 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 from aiobotocore.session import get_session
 
 from tests.support.backends import Backend
@@ -24,6 +25,7 @@ from worker.ops.dlq import DeadLetterQueue, redrive_by_receiving
 from worker.ops.progress import RateLimiter
 
 
+@pytest.mark.memory
 async def test_shutdown_releases_unstarted_and_cancelled_messages(backend: Backend) -> None:
     """At shutdown a message waiting its turn in a FIFO group and a job cancelled after the grace period are both
     put back at once (visible), not left invisible for a whole visibility timeout."""
@@ -66,6 +68,7 @@ async def wait_until_counts(client: Any, queue_url: str, *, visible: int, timeou
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.memory
 async def test_a_release_at_shutdown_outlasts_the_abandoned_long_polls(backend: Backend) -> None:
     """At shutdown the worker abandons its long polls, but SQS keeps them open: a message released at visibility 0
     went to one of them and stayed invisible for a whole visibility timeout (with one more receive counted). The
@@ -130,6 +133,7 @@ class Draws(random.Random):
         return self.value
 
 
+@pytest.mark.memory
 async def test_retry_delays_are_drawn_from_the_workers_random_source(backend: Backend) -> None:
     """The runtime jitters each retry with its injected random source: a draw of 0 gives the 50% end."""
     queues = make_queues(backend.endpoint_url)

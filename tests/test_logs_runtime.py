@@ -6,6 +6,8 @@ import io
 import json
 from typing import Any
 
+import pytest
+
 from tests.support.backends import Backend
 from tests.support.harness import drain, make_queues, running_worker, send
 from worker.jobs import Registry
@@ -28,6 +30,7 @@ def leaky_registry() -> Registry:
     return registry
 
 
+@pytest.mark.memory
 async def test_secret_appears_in_no_log_line_of_a_failing_job(backend: Backend, log_stream: io.StringIO) -> None:
     queues = make_queues(backend.endpoint_url)
     async with running_worker(backend.endpoint_url, queues, leaky_registry()) as running:

@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from tests.support.backends import Backend
@@ -16,6 +17,8 @@ from tests.support.queues import assert_queue_empty
 from worker import PermanentError
 from worker.jobs import Registry
 from worker.observability.events import Kind
+
+pytestmark = pytest.mark.memory
 
 
 class Email(BaseModel):

@@ -20,6 +20,7 @@ from worker.observability.events import Kind
 from worker.ops.bootstrap import Created
 
 
+@pytest.mark.memory
 async def test_heartbeat_keeps_a_long_job_claimed(backend: Backend) -> None:
     """A job three times longer than the visibility timeout is never redelivered while it runs."""
     queues = make_queues(backend.endpoint_url)
@@ -58,6 +59,7 @@ def fifo_send(backend: Backend, queues: Created, group: str, n: int) -> None:
     )
 
 
+@pytest.mark.memory
 async def test_fifo_order_holds_when_a_message_fails(backend: Backend, request: pytest.FixtureRequest) -> None:
     if backend.name == "localstack":
         request.applymarker(

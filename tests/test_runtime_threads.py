@@ -42,6 +42,7 @@ def release() -> Iterator[threading.Event]:
     event.set()  # no handler thread outlives its test for long
 
 
+@pytest.mark.memory
 async def test_an_overrunning_sync_job_does_not_starve_the_next(backend: Backend, release: threading.Event) -> None:
     """Concurrency 1: a quick job after one that overran its timeout runs at once and succeeds."""
     queues = make_queues(backend.endpoint_url)
@@ -90,6 +91,7 @@ class _OnLog(logging.Handler):
             self.action()
 
 
+@pytest.mark.memory
 async def test_shutdown_acknowledges_a_sync_job_that_finishes_after_the_grace(
     backend: Backend, release: threading.Event
 ) -> None:
@@ -123,6 +125,7 @@ async def test_shutdown_acknowledges_a_sync_job_that_finishes_after_the_grace(
     assert counts(backend.endpoint_url, queues.queue_url) == {"visible": 0, "not_visible": 0, "delayed": 0}
 
 
+@pytest.mark.memory
 async def test_shutdown_never_releases_a_sync_job_whose_thread_still_runs(
     backend: Backend, release: threading.Event
 ) -> None:

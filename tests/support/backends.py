@@ -1,4 +1,5 @@
-"""Local AWS backends the integration suite runs against, each a real server over HTTP."""
+"""Backends the integration suite runs against: local AWS servers over HTTP (moto, LocalStack), and the in-memory
+backend for the tests marked ``memory`` (the runtime over ``worker.backends.memory``, no HTTP)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,13 @@ def wait_http(url: str, timeout_s: float, process: subprocess.Popen[bytes] | Non
             last = exc
             time.sleep(0.1)
     raise RuntimeError(f"{url} did not answer within {timeout_s} s: {last}")
+
+
+def start_memory() -> Backend:
+    """The in-memory backend (``worker.backends.memory``): a broker of its own behind a ``memory://`` endpoint."""
+    from tests.support.memory import new_endpoint
+
+    return Backend("memory", new_endpoint())
 
 
 def start_moto() -> Backend:

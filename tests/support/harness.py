@@ -14,6 +14,8 @@ from typing import Any
 import boto3
 from aiobotocore.session import get_session
 
+from tests.support.memory import MemorySQSClient, is_memory, memory_queue
+from worker.backends.protocols import MessageQueue
 from worker.backends.sqs import Queue
 from worker.jobs import Registry
 from worker.observability.events import Event, Kind, Observers
@@ -22,6 +24,9 @@ from worker.runtime.worker import RuntimeOptions, Worker
 
 
 def sqs_client(endpoint_url: str) -> Any:
+    """A blocking SQS client of the backend (on the memory backend, a boto3-shaped client over its broker)."""
+    if is_memory(endpoint_url):
+        return MemorySQSClient(endpoint_url)
     return boto3.client("sqs", endpoint_url=endpoint_url, region_name="us-east-1")
 
 
@@ -94,13 +99,21 @@ async def running_worker(
     ledger: Any = None,
     rng: random.Random | None = None,
 ) -> AsyncIterator[Running]:
-    session = get_session()
-    async with session.create_client("sqs", endpoint_url=endpoint_url, region_name="us-east-1") as client:
+    async with contextlib.AsyncExitStack() as stack:
+        queue: MessageQueue
+        dlq: MessageQueue
+        if is_memory(endpoint_url):
+            queue, dlq = memory_queue(queues.queue_url), memory_queue(queues.dlq_url)
+        else:
+            client = await stack.enter_async_context(
+                get_session().create_client("sqs", endpoint_url=endpoint_url, region_name="us-east-1")
+            )
+            queue, dlq = Queue(client, queues.queue_url), Queue(client, queues.dlq_url)
         recorder = Recorder()
         worker = Worker(
             registry=registry,
-            queue=Queue(client, queues.queue_url),
-            dlq=Queue(client, queues.dlq_url),
+            queue=queue,
+            dlq=dlq,
             options=RuntimeOptions(
                 concurrency=concurrency,
                 visibility_timeout_s=visibility_timeout_s,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import json
 import re
 import threading
 import time
@@ -171,6 +172,58 @@ class MemoryBroker:
                     content_based_deduplication=content_based_deduplication,
                 )
         return MemoryQueue(self, name)
+
+    def configure(
+        self,
+        name: str,
+        *,
+        dead_letter_queue: str | None = None,
+        max_receive_count: int | None = None,
+        visibility_timeout_s: int | None = None,
+        delay_s: int | None = None,
+        maximum_message_bytes: int | None = None,
+    ) -> None:
+        """Change a queue's attributes (SetQueueAttributes): the given ones, the others as they are."""
+        with self._lock:
+            state = self._state(name)
+            if dead_letter_queue is not None:
+                target = self._state(dead_letter_queue)
+                if target.fifo != state.fifo:
+                    raise ConfigError("a FIFO queue needs a FIFO dead-letter queue, a standard one a standard")
+                state.dead_letter_queue = dead_letter_queue
+                state.max_receive_count = max_receive_count or state.max_receive_count or 10
+            elif max_receive_count is not None:
+                state.max_receive_count = max_receive_count
+            if visibility_timeout_s is not None:
+                state.visibility_timeout_s = visibility_timeout_s
+            if delay_s is not None:
+                state.delay_s = delay_s
+            if maximum_message_bytes is not None:
+                state.maximum_message_bytes = maximum_message_bytes
+
+    def attributes(self, name: str) -> dict[str, str]:
+        """A queue's attributes by their SQS names (GetQueueAttributes), its counts among them."""
+        counts = self.counts(name)
+        with self._lock:
+            state = self._state(name)
+            attributes = {
+                "QueueArn": f"arn:aws:sqs:memory:000000000000:{name}",
+                "VisibilityTimeout": str(state.visibility_timeout_s),
+                "DelaySeconds": str(state.delay_s),
+                "MaximumMessageSize": str(state.maximum_message_bytes),
+                "ApproximateNumberOfMessages": str(counts.visible),
+                "ApproximateNumberOfMessagesNotVisible": str(counts.in_flight),
+                "ApproximateNumberOfMessagesDelayed": str(counts.delayed),
+            }
+            if state.fifo:
+                attributes["FifoQueue"] = "true"
+                attributes["ContentBasedDeduplication"] = str(state.content_based_deduplication).lower()
+            if state.dead_letter_queue is not None:
+                target = f"arn:aws:sqs:memory:000000000000:{state.dead_letter_queue}"
+                attributes["RedrivePolicy"] = json.dumps(
+                    {"deadLetterTargetArn": target, "maxReceiveCount": state.max_receive_count}
+                )
+            return attributes
 
     def queue(self, name: str) -> MemoryQueue:
         """An existing queue; ConfigError when there is none by that name (as GetQueueUrl would say)."""
