@@ -19,7 +19,7 @@ import contextvars
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
@@ -262,8 +262,17 @@ class JobRef(Generic[M]):
         return await (producer or current_producer()).send_many_async(jobs)
 
 
-def job_ref(name: str, model: type[M] | None = None) -> JobRef[M]:
-    """A :class:`JobRef`: ``job_ref("send_email", Email).enqueue(Email(...))``."""
+@overload
+def job_ref(name: str) -> JobRef[Any]: ...
+
+
+@overload
+def job_ref(name: str, model: type[M]) -> JobRef[M]: ...
+
+
+def job_ref(name: str, model: type[M] | None = None) -> JobRef[Any]:
+    """A :class:`JobRef`: ``job_ref("send_email", Email).enqueue(Email(...))``; ``job_ref("import_rows")`` for a
+    job whose payload is any JSON object."""
     return JobRef(name, model)
 
 
