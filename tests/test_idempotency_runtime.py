@@ -9,6 +9,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import pytest
 import pytest_asyncio
 
 from tests.support.backends import Backend
@@ -17,6 +18,7 @@ from tests.support.idempotency import WriteCounter
 from tests.support.queues import assert_queue_empty
 from worker import JobContext, PermanentError, RetryableError
 from worker.idempotency import CONFLICT_REASON, Ledger, Status, create_table, payload_hash
+from worker.idempotency.memory import MemoryStore
 from worker.jobs import Registry
 from worker.observability.events import Kind
 
@@ -25,10 +27,19 @@ if TYPE_CHECKING:
 
 
 @pytest_asyncio.fixture(loop_scope="function")
-async def ledger(dynamodb: DynamoDBClient) -> Ledger:
-    table = f"rt-{uuid.uuid4().hex[:12]}"
-    await create_table(dynamodb, table)
-    return Ledger(dynamodb, table, owner=f"test:{uuid.uuid4().hex[:8]}")
+async def table(dynamodb: DynamoDBClient) -> str:
+    name = f"rt-{uuid.uuid4().hex[:12]}"
+    await create_table(dynamodb, name)
+    return name
+
+
+@pytest.fixture
+def ledger(backend: Backend, request: pytest.FixtureRequest) -> Ledger:
+    """The ledger in a fresh table (its client the test's ``dynamodb``); on the memory backend in a MemoryStore."""
+    owner = f"test:{uuid.uuid4().hex[:8]}"
+    if backend.name == "memory":
+        return Ledger(store=MemoryStore(), owner=owner)
+    return Ledger(request.getfixturevalue("dynamodb"), request.getfixturevalue("table"), owner=owner)
 
 
 async def test_an_idempotent_job_costs_two_writes(backend: Backend, dynamodb: DynamoDBClient, ledger: Ledger) -> None:
@@ -50,6 +61,7 @@ async def test_an_idempotent_job_costs_two_writes(backend: Backend, dynamodb: Dy
     assert writes.operations == ["UpdateItem"] * 10  # per job: one claim, one completion
 
 
+@pytest.mark.memory
 async def test_a_duplicate_of_a_completed_job_is_acknowledged_without_running(backend: Backend, ledger: Ledger) -> None:
     queues = make_queues(backend.endpoint_url)
     registry = Registry()
@@ -72,6 +84,7 @@ async def test_a_duplicate_of_a_completed_job_is_acknowledged_without_running(ba
     assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
 
 
+@pytest.mark.memory
 async def test_a_reused_key_with_another_payload_is_dead_lettered_as_permanent(
     backend: Backend, ledger: Ledger
 ) -> None:
@@ -101,6 +114,7 @@ async def test_a_reused_key_with_another_payload_is_dead_lettered_as_permanent(
     assert json.loads(dead["Body"])["payload"] == {"amount": 9}
 
 
+@pytest.mark.memory
 async def test_retries_and_failures_are_recorded(backend: Backend, ledger: Ledger) -> None:
     queues = make_queues(backend.endpoint_url)
     registry = Registry()
@@ -133,6 +147,7 @@ async def test_retries_and_failures_are_recorded(backend: Backend, ledger: Ledge
     assert "card declined" in doomed_record.last_error
 
 
+@pytest.mark.memory
 async def test_the_context_carries_the_ledger_key(backend: Backend, ledger: Ledger) -> None:
     queues = make_queues(backend.endpoint_url)
     registry = Registry()
@@ -148,6 +163,7 @@ async def test_the_context_carries_the_ledger_key(backend: Backend, ledger: Ledg
     assert seen == ["ship:o-1"]
 
 
+@pytest.mark.memory
 async def test_a_broken_key_function_is_dead_lettered_as_a_bug(backend: Backend, ledger: Ledger) -> None:
     queues = make_queues(backend.endpoint_url)
     registry = Registry()
