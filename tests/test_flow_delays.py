@@ -257,3 +257,30 @@ def test_the_enqueue_command_takes_run_at_and_long_delays(backend: Backend, tmp_
         bad = cli("enqueue", "later", *args, env=env)
         assert bad.returncode == 2 and expected in bad.stderr, (args, bad.stderr)
     assert queue_counts(client, queues.queue_url)["ApproximateNumberOfMessagesDelayed"] == 1
+
+
+async def test_a_message_with_no_room_for_the_counts_is_held_in_place(backend: Backend) -> None:
+    """Nine attributes of its own leave no room for the two counts (SQS allows 10): the hop releases the message
+    in place (visibility), remembered by this worker, and it still runs once, as its first attempt."""
+    queues = make_queues(backend.endpoint_url)
+    registry = Registry()
+    runs: list[tuple[int, int]] = []
+
+    @registry.job("later")
+    async def later(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append((ctx.attempt, ctx.receive_count))
+
+    own = {f"a{n}": {"DataType": "String", "StringValue": str(n)} for n in range(8)}
+    due_at = datetime.now(UTC) + timedelta(seconds=2.5)
+    message_id = send(
+        backend.endpoint_url,
+        queues.queue_url,
+        {"type": "later", "payload": {}},
+        MessageAttributes={**own, **due_attribute(due_at)},
+    )
+    async with running_worker(backend.endpoint_url, queues, registry, poll_wait_s=1, max_hop_s=1) as running:
+        await running.recorder.wait_count(Kind.SUCCEEDED, 1, timeout_s=30)
+    hops = running.recorder.of(Kind.RELEASED)
+    assert hops and all(e.message_id == message_id for e in hops)  # never a copy: the same message each time
+    assert runs == [(1, len(hops) + 1)]
+    assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
