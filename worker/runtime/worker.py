@@ -321,8 +321,9 @@ class Worker:
             await self._finish(held, self.outcomes.dead_letter(held, BUG, "payload model: " + describe_error(exc)))
             return False
         held.job_type = job.spec.name
-        if not await self._due(held):
-            return True
+        verdict = await self._due(held)
+        if verdict is not None:
+            return verdict
         if self.ledger is None and job.envelope.idempotency_key is not None and not self._warned_unguarded:
             self._warned_unguarded = True
             log.warning("messages carry idempotency keys but WORKER_IDEMPOTENCY_TABLE is not set: they run unguarded")
@@ -332,9 +333,10 @@ class Worker:
                 return verdict
         return await self._execute(held, job)
 
-    async def _due(self, held: Held) -> bool:
-        """Whether the job is due now (after waiting out less than a second). A job due later is sent on one more
-        hop, unrun and uncounted; a malformed due time, or one on a FIFO queue, is ``invalid_message``."""
+    async def _due(self, held: Held) -> bool | None:
+        """None when the job is due now (after waiting out less than a second); a bool: the outcome is settled. A job
+        due later is sent on one more hop, unrun and uncounted (True: not a failure); a malformed due time, or one on
+        a FIFO queue, is ``invalid_message`` (False)."""
         try:
             due_at = due_at_of(held.message.message_attributes)
         except ValueError as exc:
@@ -349,8 +351,8 @@ class Worker:
             await asyncio.sleep(action.seconds)
         elif action.action == "hop":
             await self._finish(held, self.outcomes.hold_back(held, math.ceil(action.seconds), "not yet due"))
-            return False
-        return True
+            return True
+        return None
 
     async def _claim(self, held: Held, job: PreparedJob) -> bool | None:
         """Take the job's idempotency claim. None: go ahead and run it; a bool: the outcome is settled."""
