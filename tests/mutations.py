@@ -252,8 +252,8 @@ BREAKAGES: tuple[Breakage, ...] = (
         "dl2",
         "a job not yet due runs at once",
         "worker/flow/delays.py",
-        "    if remaining_s <= 0:\n        return DueAction(\"run\")",
-        "    if True:  # MUTANT\n        return DueAction(\"run\")",
+        '    if remaining_s <= 0:\n        return DueAction("run")',
+        '    if True:  # MUTANT\n        return DueAction("run")',
         (
             "tests/test_flow_policy.py::test_due_action",
             "tests/test_flow_delays.py::test_a_long_delay_runs_once_after_its_due_time",
