@@ -97,7 +97,7 @@ BREAKAGES: tuple[Breakage, ...] = (
         "e2",
         "shutdown does not release jobs cancelled after the grace period",
         "worker/runtime/worker.py",
-        'await self.outcomes.release(held, delay_s=self._release_delay_s(), reason="cancelled at shutdown")',
+        'await self.outcomes.hold_back(held, self._release_delay_s(), "cancelled at shutdown")',
         "pass  # MUTANT",
         (
             "tests/test_guards.py::test_shutdown_releases_unstarted_and_cancelled_messages",
@@ -235,6 +235,28 @@ BREAKAGES: tuple[Breakage, ...] = (
         (
             "tests/test_threads.py::test_an_overrunning_call_times_out_and_its_replacement_serves_the_next",
             "tests/test_runtime_threads.py::test_an_overrunning_sync_job_does_not_starve_the_next",
+        ),
+    ),
+    Breakage(
+        "dl1",
+        "holds count as attempts (the attempt is SQS's receive count of the copy)",
+        "worker/flow/attempts.py",
+        "attempt = max(1, runs_before + approximate_receive_count - holds_here)",
+        "attempt = approximate_receive_count  # MUTANT",
+        (
+            "tests/test_flow_policy.py::test_a_copy_carries_runs_and_receives_and_holds_cost_no_attempt",
+            "tests/test_flow_delays.py::test_three_shutdown_holds_then_a_retryable_failure_still_get_every_attempt",
+        ),
+    ),
+    Breakage(
+        "dl2",
+        "a job not yet due runs at once",
+        "worker/flow/delays.py",
+        '    if remaining_s <= 0:\n        return DueAction("run")',
+        '    if True:  # MUTANT\n        return DueAction("run")',
+        (
+            "tests/test_flow_policy.py::test_due_action",
+            "tests/test_flow_delays.py::test_a_long_delay_runs_once_after_its_due_time",
         ),
     ),
 )

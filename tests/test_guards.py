@@ -100,9 +100,15 @@ async def test_a_release_at_shutdown_outlasts_the_abandoned_long_polls(backend: 
     await asyncio.sleep(max(0.0, running.worker._abandoned_until - time.monotonic()) + 0.5)
     await wait_until_counts(client, queues.queue_url, visible=1, timeout_s=5)
     [message] = client.receive_message(
-        QueueUrl=queues.queue_url, AttributeNames=["ApproximateReceiveCount"], WaitTimeSeconds=1
+        QueueUrl=queues.queue_url,
+        AttributeNames=["ApproximateReceiveCount"],
+        MessageAttributeNames=["All"],
+        WaitTimeSeconds=1,
     )["Messages"]
-    assert message["Attributes"]["ApproximateReceiveCount"] == "2", "an abandoned long poll took it first"
+    # Held back as a copy carrying its counts (worker.flow.attempts): one receive before it, this one its first.
+    assert message["MessageAttributes"]["sqs_worker_receives"]["StringValue"] == "1"
+    assert message["MessageAttributes"]["sqs_worker_runs"]["StringValue"] == "0"  # the cancelled run is no attempt
+    assert message["Attributes"]["ApproximateReceiveCount"] == "1", "an abandoned long poll took it first"
 
 
 async def test_a_refused_delete_is_reported_to_its_caller_alone(backend: Backend) -> None:

@@ -175,8 +175,8 @@ def test_attributes_give_way_to_the_body_least_useful_first() -> None:
     assert fitted.trimmed == ("original attribute 'large' dropped",)
     # Less room: both originals go, then error_message is shortened.
     fitted = record("E" * 900, original=originals, body="b" * (limit - size + 800), max_message_bytes=limit)
-    assert set(fitted.attributes) == {"error_category", "error_message", "attempts", "failed_at", "source_queue",
-                                      "original_message_id"}  # fmt: skip
+    assert set(fitted.attributes) == {"error_category", "error_message", "attempts", "receive_count", "failed_at",
+                                      "source_queue", "original_message_id"}  # fmt: skip
     assert fitted.attributes["error_message"]["StringValue"].endswith("…")
     assert message_bytes("b" * (limit - size + 800), fitted.attributes) <= limit
     # Room for the category alone; none at all.

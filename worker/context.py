@@ -28,6 +28,8 @@ class JobContext:
     idempotency_key: str | None
     deadline_monotonic: float
     logger: logging.LoggerAdapter[logging.Logger]
+    #: Receives of the job so far, this one included (``attempt`` counts only those that ran the handler).
+    receive_count: int = 0
     _progress: ProgressSink = field(default=_no_progress, repr=False)
 
     @property

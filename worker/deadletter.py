@@ -4,8 +4,8 @@ Every record is one SQS accepts: string values hold only the characters SQS allo
 and body plus attributes fit the DLQ's maximum message size, measured as SQS measures it (body bytes, plus for
 each attribute its name, data type and value bytes). When they do not fit, the body stays byte for byte and
 the attributes give way, least useful first: the original message's own attributes (largest first), then
-``error_message`` is shortened, then ``failed_at``, ``source_queue``, ``attempts``, ``original_message_id``,
-``error_message`` are dropped; ``error_category`` goes last.
+``error_message`` is shortened, then ``receive_count``, ``failed_at``, ``source_queue``, ``attempts``,
+``original_message_id``, ``error_message`` are dropped; ``error_category`` goes last.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from worker.policy import safe_text, truncate, truncate_utf8
 CATEGORIES = ("invalid_message", "unknown_type", "invalid_payload", "permanent", "bug", "exhausted")
 
 ERROR_MESSAGE_LIMIT = 1000
-#: SQS allows at most 10 message attributes per message; ours take 6.
+#: SQS allows at most 10 message attributes per message; ours take 7.
 MAX_MESSAGE_ATTRIBUTES = 10
 #: SQS's maximum message size (body and attributes) since August 2025; a queue may set a lower one.
 SQS_MAX_MESSAGE_BYTES = 1_048_576
@@ -28,6 +28,7 @@ OUR_ATTRIBUTES = (
     "error_category",
     "error_message",
     "attempts",
+    "receive_count",
     "failed_at",
     "source_queue",
     "original_message_id",
@@ -35,7 +36,15 @@ OUR_ATTRIBUTES = (
 #: ``error_message`` is shortened down to this many bytes before other attributes are dropped.
 MIN_ERROR_MESSAGE_BYTES = 64
 #: The order our attributes are dropped in when even a short ``error_message`` does not fit.
-DROP_ORDER = ("failed_at", "source_queue", "attempts", "original_message_id", "error_message", "error_category")
+DROP_ORDER = (
+    "receive_count",
+    "failed_at",
+    "source_queue",
+    "attempts",
+    "original_message_id",
+    "error_message",
+    "error_category",
+)
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,7 @@ def dead_letter_record(
     error_message: str,
     attempts: int,
     source_queue: str,
+    receive_count: int | None = None,
     original_message_id: str,
     failed_at: datetime,
     original: dict[str, Any] | None = None,
@@ -89,6 +99,7 @@ def dead_letter_record(
         "error_category": category,
         "error_message": truncate(safe_text(error_message) or "(no message)", ERROR_MESSAGE_LIMIT),
         "attempts": str(attempts),
+        "receive_count": str(receive_count if receive_count is not None else attempts),
         "failed_at": iso_utc(failed_at),
         "source_queue": safe_text(source_queue),
         "original_message_id": safe_text(original_message_id),

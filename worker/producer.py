@@ -1,5 +1,8 @@
 """A convenience producer over plain boto3. Never required: any ``send_message`` of the envelope works.
 
+The one place that builds a job's SQS entry (body, attributes, delay). A delay past SQS's 900 s, or a ``run_at``,
+adds the ``sqs_worker_due_at`` attribute and sends with the first hop's delay (``worker.flow.delays``).
+
 Failures are translated by the edge's one error table (``worker.backends.aws.translate``)."""
 
 from __future__ import annotations
@@ -7,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -15,13 +19,13 @@ from pydantic import ValidationError
 from worker.backends.aws import translate
 from worker.envelope import describe_errors, dump_envelope
 from worker.errors import ConfigError
+from worker.flow.delays import DUE_AT_ATTRIBUTE, MAX_DELAY_S, format_due_at, schedule
 from worker.names import queue_name_of
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
 
-#: SQS caps DelaySeconds at 15 minutes.
-MAX_DELAY_S = 900
+__all__ = ["MAX_DELAY_S", "Job", "enqueue", "enqueue_many"]
 
 
 @dataclass(frozen=True)
@@ -31,25 +35,33 @@ class Job:
     type: str
     payload: dict[str, Any] = field(default_factory=dict)
     idempotency_key: str | None = None
-    delay_s: int = 0
+    delay_s: int = 0  # up to a year; past 900 s the worker re-delays it in hops of 15 minutes
     group_id: str | None = None  # FIFO queues: the MessageGroupId (default: the job type)
+    run_at: datetime | None = None  # when to run (timezone-aware), instead of delay_s
 
 
 def _entry(job: Job, *, fifo: bool) -> dict[str, Any]:
-    if not 0 <= job.delay_s <= MAX_DELAY_S:
-        raise ConfigError(f"delay_s must be between 0 and {MAX_DELAY_S} (SQS limit)")
+    if fifo and (job.delay_s or job.run_at is not None):
+        raise ConfigError(
+            "FIFO queues take no per-message delay (SQS delays a FIFO queue's messages only as a whole): "
+            "send without delay_s/run_at, or use a standard queue"
+        )
+    timing = schedule(delay_s=job.delay_s, run_at=job.run_at, now=datetime.now(UTC))
     try:
         body = dump_envelope(job.type, job.payload, job.idempotency_key)
     except ValidationError as exc:
         raise ConfigError("job " + describe_errors(exc)) from None
     entry: dict[str, Any] = {"MessageBody": body}
     if fifo:
-        if job.delay_s:
-            raise ConfigError("FIFO queues take no per-message delay")
         entry["MessageGroupId"] = job.group_id or job.type
         entry["MessageDeduplicationId"] = job.idempotency_key or uuid.uuid4().hex
-    elif job.delay_s:
-        entry["DelaySeconds"] = job.delay_s
+    else:
+        if timing.delay_s:
+            entry["DelaySeconds"] = timing.delay_s
+        if timing.due_at is not None:
+            entry["MessageAttributes"] = {
+                DUE_AT_ATTRIBUTE: {"DataType": "String", "StringValue": format_due_at(timing.due_at)}
+            }
     return entry
 
 

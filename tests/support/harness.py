@@ -96,6 +96,7 @@ async def running_worker(
     visibility_timeout_s: int = 30,
     shutdown_grace_s: float = 10.0,
     poll_wait_s: int = 1,
+    max_hop_s: int = 900,
     ledger: Any = None,
     rng: random.Random | None = None,
 ) -> AsyncIterator[Running]:
@@ -119,6 +120,7 @@ async def running_worker(
                 visibility_timeout_s=visibility_timeout_s,
                 shutdown_grace_s=shutdown_grace_s,
                 poll_wait_s=poll_wait_s,
+                max_hop_s=max_hop_s,
             ),
             observers=Observers([recorder]),
             ledger=ledger,

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+from datetime import datetime
 from typing import Any
 
 from worker.errors import ConfigError
@@ -40,7 +41,18 @@ def add_parser(subparsers: Any) -> None:
     )
     enqueue.add_argument("type", help="the job type, e.g. send_email")
     enqueue.add_argument("--payload", default="{}", help="the payload as a JSON object (default: {})")
-    enqueue.add_argument("--delay-s", type=int, default=0, help="deliver after this many seconds (max 900)")
+    enqueue.add_argument(
+        "--delay-s",
+        type=int,
+        default=0,
+        help="run after this many seconds (up to a year; past 900 s in 15-minute hops)",
+    )
+    enqueue.add_argument(
+        "--run-at",
+        type=run_at_time,
+        default=None,
+        help="run at this time, ISO 8601 with a timezone (2026-12-01T09:00Z)",
+    )
     enqueue.add_argument("--idempotency-key", default=None, help="jobs with the same key take effect once")
     enqueue.add_argument("--group-id", default=None, help="FIFO queues: the MessageGroupId (default: the type)")
     enqueue.set_defaults(func=cmd_enqueue)
@@ -107,6 +119,17 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_at_time(text: str) -> datetime:
+    """``--run-at``: an ISO 8601 date and time with a timezone (``Z`` or an offset)."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 date and time: {text!r}") from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no timezone: end it with Z or an offset such as +01:00")
+    return moment
+
+
 def receive_count(text: str) -> int:
     """argparse type of --max-receive-count: SQS accepts 1 to 1000."""
     try:
@@ -159,7 +182,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     message_id = enqueue(
         client,
         queue_url,
-        Job(args.type, payload, args.idempotency_key, args.delay_s, args.group_id),
+        Job(args.type, payload, args.idempotency_key, args.delay_s, args.group_id, run_at=args.run_at),
     )
     print(message_id)
     return 0

@@ -26,7 +26,7 @@ class Kind(StrEnum):
     SUCCEEDED = "succeeded"  # handler returned; message deleted (or being deleted)
     RETRY_SCHEDULED = "retry_scheduled"  # failed, will reappear after delay_s
     DEAD_LETTERED = "dead_lettered"  # sent to the DLQ with its category, deleted from the source
-    RELEASED = "released"  # put back unprocessed (shutdown, FIFO group failure, idempotency lease held)
+    RELEASED = "released"  # put back unprocessed (shutdown, FIFO group failure, idempotency lease held, not yet due)
     DUPLICATE_SKIPPED = "duplicate_skipped"  # idempotency key already COMPLETED: acknowledged without running
     HEARTBEAT = "heartbeat"  # visibility extended while the job ran
     CLAIM_LOST = "claim_lost"  # a heartbeat found the receipt handle no longer valid

@@ -59,7 +59,12 @@ def job_logger(spec: JobSpec, message_id: str, attempt: int) -> logging.LoggerAd
 
 
 def build_context(
-    job: PreparedJob, *, message_id: str, attempt: int, progress: ProgressSink | None = None
+    job: PreparedJob,
+    *,
+    message_id: str,
+    attempt: int,
+    progress: ProgressSink | None = None,
+    receive_count: int | None = None,
 ) -> JobContext:
     context = JobContext(
         job_type=job.spec.name,
@@ -69,6 +74,7 @@ def build_context(
         idempotency_key=job.envelope.idempotency_key,
         deadline_monotonic=time.monotonic() + job.spec.timeout_s,
         logger=job_logger(job.spec, message_id, attempt),
+        receive_count=receive_count if receive_count is not None else attempt,
     )
     if progress is not None:
         context._progress = progress

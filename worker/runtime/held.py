@@ -29,6 +29,9 @@ class Held:
     claim: Claim | None = None
     lease_lost: bool = False
     job_type: str | None = None
+    #: Handler runs of this job, this one included, and its receives (see ``worker.flow.attempts``).
+    attempt: int = 1
+    receive_count: int = 1
     extension: asyncio.Task[None] | None = field(default=None, repr=False)
     handler: asyncio.Future[Any] | None = field(default=None, repr=False)
 
@@ -45,7 +48,7 @@ class Held:
             queue=queue,
             message_id=self.message.message_id,
             job_type=self.job_type,
-            attempt=self.message.receive_count,
+            attempt=self.attempt,
             **fields,
         )
 

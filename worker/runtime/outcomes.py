@@ -1,10 +1,15 @@
-"""Applying a message's outcome to SQS: acknowledge (delete), retry later, release, or dead-letter.
+"""Applying a message's outcome to SQS: acknowledge (delete), retry later, hold back, release, or dead-letter.
 
 Each outcome first stops the message's heartbeat and waits for an extension in flight, so no later visibility
 change can undo it. Dead-lettering sends to the DLQ before it deletes from the source. A dead-letter send that
 fails is retried as a send (with backoff, the message kept invisible meanwhile), never as another run of the
 handler: the decision is remembered by message id, so a copy that reappears is dead-lettered (or, once the send
 went through, deleted) without running again.
+
+Holding back (``hold_back``: the job was not run and must not lose an attempt) sends a delayed copy carrying the
+run and receive counts and the due time, then deletes the message received (see ``worker.flow.attempts`` and
+``worker.flow.delays``); on a FIFO queue, or when no copy can be sent, it releases the message in place and
+remembers the hold in this process.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import random
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from worker.backends.aws import content_refused
@@ -26,6 +31,8 @@ from worker.backends.protocols import MessageQueue
 from worker.budgets import SEND, retry_delay_s
 from worker.deadletter import SQS_MAX_MESSAGE_BYTES, dead_letter_record, message_bytes
 from worker.errors import QueueUnavailable
+from worker.flow.attempts import MAX_MESSAGE_ATTRIBUTES, HoldMemory, held_copy_attributes, without_counts
+from worker.flow.delays import DUE_AT_ATTRIBUTE, MAX_HOP_S, due_at_of, format_due_at
 from worker.observability.events import Kind, Observers
 from worker.policy import visibility_cap_s
 from worker.runtime.held import Held
@@ -55,10 +62,15 @@ class Decided:
 class Outcomes:
     """The four ways a held message leaves this worker, each reported to the observers."""
 
-    def __init__(self, *, queue: MessageQueue, dlq: MessageQueue, observers: Observers) -> None:
+    def __init__(
+        self, *, queue: MessageQueue, dlq: MessageQueue, observers: Observers, max_hop_s: int = MAX_HOP_S
+    ) -> None:
         self.queue = queue
         self.dlq = dlq
         self.observers = observers
+        self.max_hop_s = max_hop_s
+        #: Holds applied in place (FIFO, or no copy could be sent): subtracted from the receive count.
+        self.holds = HoldMemory()
         self._decided: OrderedDict[str, Decided] = OrderedDict()
         self._dlq_limit: int | None = None
 
@@ -96,6 +108,64 @@ class Outcomes:
         except (EntryFailed, QueueUnavailable) as exc:
             log.warning("could not release the message: %s", exc, extra=held.log_fields(self.queue.name))
         self.emit(Kind.RELEASED, held, delay_s=float(delay_s), reason=reason)
+
+    async def hold_back(self, held: Held, delay_s: int, reason: str) -> None:
+        """Put back a job that was not run (a FIFO release, a lease held elsewhere, a shutdown, a job not yet due,
+        a limit or a breaker), for ``delay_s``, without costing it an attempt.
+
+        Standard queue: a copy delayed by ``min(delay_s, max_hop_s)`` carries the counts (and, past one hop, the
+        due time), then the received message is deleted; a failed delete may leave a duplicate. FIFO queue (a copy
+        would lose the group's order), or when the copy cannot be sent: released in place (visibility), the hold
+        remembered by this process.
+        """
+        await self.settle(held)
+        if not self.queue.is_fifo and await self._send_copy(held, delay_s):
+            try:
+                await self.queue.delete(held.message.receipt_handle)
+            except (EntryFailed, QueueUnavailable) as exc:
+                log.warning(
+                    "held back, but the delete failed; the job may run twice: %s",
+                    exc,
+                    extra=held.log_fields(self.queue.name),
+                )
+            self.emit(Kind.RELEASED, held, delay_s=float(delay_s), reason=reason)
+            return
+        self.holds.note(held.message.message_id)
+        cap_s = visibility_cap_s(elapsed_since_receive_s=time.monotonic() - held.received_at)
+        try:
+            await self.queue.set_visibility(held.message.receipt_handle, min(delay_s, cap_s))
+        except (EntryFailed, QueueUnavailable) as exc:
+            log.warning("could not release the message: %s", exc, extra=held.log_fields(self.queue.name))
+        self.emit(Kind.RELEASED, held, delay_s=float(delay_s), reason=reason)
+
+    async def _send_copy(self, held: Held, delay_s: int) -> bool:
+        """Send the held message's delayed copy with its counts; False when it cannot be sent."""
+        message = held.message
+        attributes = held_copy_attributes(
+            message.message_attributes, attempt=held.attempt, receive_count=held.receive_count
+        )
+        if delay_s > self.max_hop_s:
+            try:
+                due_at = due_at_of(message.message_attributes)
+            except ValueError:
+                due_at = None
+            wanted = datetime.now(UTC) + timedelta(seconds=delay_s)
+            attributes[DUE_AT_ATTRIBUTE] = {
+                "DataType": "String",
+                "StringValue": format_due_at(max(wanted, due_at) if due_at is not None else wanted),
+            }
+        if len(attributes) > MAX_MESSAGE_ATTRIBUTES:
+            return False
+        try:
+            await self.queue.send(message.body, attributes=attributes, delay_s=min(delay_s, self.max_hop_s))
+        except Exception as exc:  # anything: the in-place release below still puts the job back
+            log.warning(
+                "could not send the held message's copy; releasing it in place: %s",
+                exc,
+                extra=held.log_fields(self.queue.name),
+            )
+            return False
+        return True
 
     def decided(self, message_id: str) -> Decided | None:
         """The dead-letter decision already taken for this message, if this worker took one."""
@@ -177,11 +247,12 @@ class Outcomes:
         record = dead_letter_record(
             category=category,
             error_message=error,
-            attempts=message.receive_count,
+            attempts=held.attempt,
+            receive_count=held.receive_count,
             source_queue=self.queue.name,
             original_message_id=message.message_id,
             failed_at=datetime.now(UTC),
-            original=message.message_attributes,
+            original=without_counts(message.message_attributes),
             body=message.body,
             max_message_bytes=limit,
         )

@@ -2,7 +2,8 @@
 
 Lifecycle of a message: received (holds a slot, visibility claimed) -> started -> one outcome: acknowledged
 (deleted), retried (visibility set to the backoff delay), dead-lettered (sent to the DLQ, then deleted), or
-released (visibility 0: shutdown, a failure earlier in its FIFO group, or a live idempotency lease elsewhere).
+held back unrun (shutdown, a failure earlier in its FIFO group, a live idempotency lease elsewhere, not yet due:
+``Outcomes.hold_back``, which costs the job no attempt).
 Acknowledgements and bookkeeping are shielded from cancellation so a SIGTERM cannot skip them. Heartbeats live
 in ``worker.runtime.heartbeat``, the SQS side of each outcome in ``worker.runtime.outcomes``.
 """
@@ -18,11 +19,15 @@ import time
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from worker.backends.protocols import Message, MessageQueue
 from worker.budgets import RECEIVE, retry_delay_s
+from worker.envelope import INVALID_MESSAGE
 from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable
+from worker.flow.attempts import counts_of
+from worker.flow.delays import DUE_AT_ATTRIBUTE, MAX_HOP_S, due_action, due_at_of
 from worker.jobs import Registry
 from worker.observability.events import Kind, Observers
 from worker.policy import BUG, PERMANENT, Action, classify_failure, describe_error, error_text
@@ -55,6 +60,8 @@ class RuntimeOptions:
     visibility_timeout_s: int = 30
     shutdown_grace_s: float = 30.0
     poll_wait_s: int = 20
+    #: The longest hop of a long delay (SQS's DelaySeconds limit); shorter only in tests, never a setting.
+    max_hop_s: int = MAX_HOP_S
 
 
 class Worker:
@@ -93,7 +100,7 @@ class Worker:
         self._threads = JobThreads(options.concurrency)
         self._sqs = Connectivity("sqs", self.observers)
         self._dynamodb = Connectivity("dynamodb", self.observers)
-        self.outcomes = Outcomes(queue=queue, dlq=dlq, observers=self.observers)
+        self.outcomes = Outcomes(queue=queue, dlq=dlq, observers=self.observers, max_hop_s=options.max_hop_s)
         self.heartbeat = Heartbeat(
             queue=queue,
             slots=self._slots,
@@ -203,10 +210,9 @@ class Worker:
             raise asyncio.CancelledError
 
     async def _release_unplaced(self, message: Message) -> None:
-        now = time.monotonic()
-        held = Held(message, received_at=now, visible_until=now + self.options.visibility_timeout_s)
+        held = self._held(message)
         await asyncio.shield(
-            self.outcomes.release(held, delay_s=self._release_delay_s(), reason="no free slot after a slow receive")
+            self.outcomes.hold_back(held, self._release_delay_s(), "no free slot after a slow receive")
         )
 
     def _release_delay_s(self) -> int:
@@ -215,9 +221,24 @@ class Worker:
         whole visibility timeout (and count a receive)."""
         return max(0, math.ceil(self._abandoned_until - time.monotonic()))
 
-    def _accept(self, message: Message) -> None:
+    def _held(self, message: Message) -> Held:
+        """A received message, with its attempt and receive counts (``worker.flow.attempts``)."""
         now = time.monotonic()
-        held = Held(message, received_at=now, visible_until=now + self.options.visibility_timeout_s)
+        counts = counts_of(
+            message_attributes=message.message_attributes,
+            approximate_receive_count=message.receive_count,
+            holds_here=self.outcomes.holds.count(message.message_id),
+        )
+        return Held(
+            message,
+            received_at=now,
+            visible_until=now + self.options.visibility_timeout_s,
+            attempt=counts.attempt,
+            receive_count=counts.receive_count,
+        )
+
+    def _accept(self, message: Message) -> None:
+        held = self._held(message)
         self.heartbeat.track(held)
         self._emit(Kind.RECEIVED, held)
         group = message.group_id if self.queue.is_fifo else None
@@ -300,6 +321,9 @@ class Worker:
             await self._finish(held, self.outcomes.dead_letter(held, BUG, "payload model: " + describe_error(exc)))
             return False
         held.job_type = job.spec.name
+        verdict = await self._due(held)
+        if verdict is not None:
+            return verdict
         if self.ledger is None and job.envelope.idempotency_key is not None and not self._warned_unguarded:
             self._warned_unguarded = True
             log.warning("messages carry idempotency keys but WORKER_IDEMPOTENCY_TABLE is not set: they run unguarded")
@@ -308,6 +332,27 @@ class Worker:
             if verdict is not None:
                 return verdict
         return await self._execute(held, job)
+
+    async def _due(self, held: Held) -> bool | None:
+        """None when the job is due now (after waiting out less than a second); a bool: the outcome is settled. A job
+        due later is sent on one more hop, unrun and uncounted (True: not a failure); a malformed due time, or one on
+        a FIFO queue, is ``invalid_message`` (False)."""
+        try:
+            due_at = due_at_of(held.message.message_attributes)
+        except ValueError as exc:
+            await self._finish(held, self.outcomes.dead_letter(held, INVALID_MESSAGE, f"bad {DUE_AT_ATTRIBUTE}: {exc}"))
+            return False
+        if due_at is not None and self.queue.is_fifo:
+            error = f"{DUE_AT_ATTRIBUTE} on a FIFO queue: FIFO queues take no per-message delay"
+            await self._finish(held, self.outcomes.dead_letter(held, INVALID_MESSAGE, error))
+            return False
+        action = due_action(due_at=due_at, now=datetime.now(UTC), max_hop_s=self.options.max_hop_s)
+        if action.action == "wait":
+            await asyncio.sleep(action.seconds)
+        elif action.action == "hop":
+            await self._finish(held, self.outcomes.hold_back(held, math.ceil(action.seconds), "not yet due"))
+            return True
+        return None
 
     async def _claim(self, held: Held, job: PreparedJob) -> bool | None:
         """Take the job's idempotency claim. None: go ahead and run it; a bool: the outcome is settled."""
@@ -334,9 +379,7 @@ class Worker:
             )
         except LedgerUnavailable as exc:
             self._dynamodb.down(exc)
-            await self._finish(
-                held, self.outcomes.release(held, delay_s=LEDGER_RETRY_S, reason="idempotency table unreachable")
-            )
+            await self._finish(held, self.outcomes.hold_back(held, LEDGER_RETRY_S, "idempotency table unreachable"))
             return False
         self._dynamodb.up()
         if claim.outcome == "completed":
@@ -345,9 +388,7 @@ class Worker:
             return True
         if claim.outcome == "busy":
             delay_s = math.ceil(claim.retry_after_s or self.options.visibility_timeout_s)
-            await self._finish(
-                held, self.outcomes.release(held, delay_s=delay_s, reason="idempotency lease held elsewhere")
-            )
+            await self._finish(held, self.outcomes.hold_back(held, delay_s, "idempotency lease held elsewhere"))
             return False
         if claim.outcome == "conflict":
             reason = claim.reason or "idempotency key reused with another payload"
@@ -358,7 +399,7 @@ class Worker:
 
     async def _execute(self, held: Held, job: PreparedJob) -> bool:
         message = held.message
-        attempt = message.receive_count
+        attempt = held.attempt
         progress = None
         if held.claim is not None and self.ledger is not None:
             ledger, claim = self.ledger, held.claim
@@ -366,7 +407,9 @@ class Worker:
             def progress(percent: float, note: str | None) -> None:
                 ledger.progress(claim, percent, note)
 
-        context = build_context(job, message_id=message.message_id, attempt=attempt, progress=progress)
+        context = build_context(
+            job, message_id=message.message_id, attempt=attempt, progress=progress, receive_count=held.receive_count
+        )
         if held.claim is not None and job.envelope.idempotency_key is None:
             context.idempotency_key = held.claim.key  # derived (key function or payload hash)
         sent_ms = message.sent_timestamp_ms
@@ -418,7 +461,7 @@ class Worker:
         spec = job.spec
         decision = classify_failure(
             error,
-            attempt=held.message.receive_count,
+            attempt=held.attempt,
             max_attempts=spec.max_attempts,
             permanent=spec.permanent,
             bugs=spec.bugs,
@@ -464,13 +507,13 @@ class Worker:
             )
             return
         await self._ledger_settle(held, "cancelled at shutdown", final=False)
-        await self.outcomes.release(held, delay_s=self._release_delay_s(), reason="cancelled at shutdown")
+        await self.outcomes.hold_back(held, self._release_delay_s(), "cancelled at shutdown")
 
     # ----------------------------------------------------------------------------------------------- releasing
 
     async def _release_all(self, batch: list[Held], *, reason: str, delay_s: int = 0) -> None:
         try:
-            await asyncio.gather(*(self.outcomes.release(held, delay_s=delay_s, reason=reason) for held in batch))
+            await asyncio.gather(*(self.outcomes.hold_back(held, delay_s, reason) for held in batch))
         finally:
             for held in batch:
                 self._forget(held)
