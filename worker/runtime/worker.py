@@ -347,9 +347,10 @@ class Worker:
             await self._finish(held, self.outcomes.dead_letter(held, INVALID_MESSAGE, error))
             return False
         action = due_action(due_at=due_at, now=datetime.now(UTC), max_hop_s=self.options.max_hop_s)
-        if action.action == "wait":
+        while action.action == "wait":  # the loop's monotonic clock may wake a hair before the wall clock's due time
             await asyncio.sleep(action.seconds)
-        elif action.action == "hop":
+            action = due_action(due_at=due_at, now=datetime.now(UTC), max_hop_s=self.options.max_hop_s)
+        if action.action == "hop":
             await self._finish(held, self.outcomes.hold_back(held, math.ceil(action.seconds), "not yet due"))
             return True
         return None
