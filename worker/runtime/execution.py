@@ -17,6 +17,7 @@ from worker.context import JobContext, ProgressSink
 from worker.envelope import INVALID_PAYLOAD, UNKNOWN_TYPE, Envelope, describe_errors, parse_envelope
 from worker.errors import InvalidMessage
 from worker.jobs import JobSpec, Registry
+from worker.lifecycle import Resources
 from worker.runtime.threads import JobThreads
 
 
@@ -59,7 +60,12 @@ def job_logger(spec: JobSpec, message_id: str, attempt: int) -> logging.LoggerAd
 
 
 def build_context(
-    job: PreparedJob, *, message_id: str, attempt: int, progress: ProgressSink | None = None
+    job: PreparedJob,
+    *,
+    message_id: str,
+    attempt: int,
+    progress: ProgressSink | None = None,
+    resources: Resources | None = None,
 ) -> JobContext:
     context = JobContext(
         job_type=job.spec.name,
@@ -72,6 +78,8 @@ def build_context(
     )
     if progress is not None:
         context._progress = progress
+    if resources is not None:
+        context.resources = resources
     return context
 
 
