@@ -16,6 +16,7 @@ from worker.backends.aws import translate
 from worker.envelope import describe_errors, dump_envelope
 from worker.errors import ConfigError
 from worker.names import queue_name_of
+from worker.observability.tracing import trace_attributes
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
@@ -43,6 +44,9 @@ def _entry(job: Job, *, fifo: bool) -> dict[str, Any]:
     except ValidationError as exc:
         raise ConfigError("job " + describe_errors(exc)) from None
     entry: dict[str, Any] = {"MessageBody": body}
+    trace = trace_attributes()  # the current span's W3C traceparent (the otel extra installed)
+    if trace:
+        entry["MessageAttributes"] = trace
     if fifo:
         if job.delay_s:
             raise ConfigError("FIFO queues take no per-message delay")
