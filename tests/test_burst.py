@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 
 from tests.support.backends import Backend
 from tests.support.harness import drain, sqs_client
-from tests.support.process import cli, lines, worker_env
+from tests.support.process import ROOT, cli, lines, wait_until, worker_env
 from tests.support.queues import assert_queue_empty, queue_counts
 from worker.runtime.burst import idle_limit_s
 
@@ -82,3 +85,30 @@ def test_burst_gives_up_on_a_message_it_cannot_get_and_exits_1(backend: Backend,
     ]
     assert queue_counts(client, url)["ApproximateNumberOfMessagesNotVisible"] == 1
     assert lines(tmp_path / "effects.txt") == []
+
+
+def test_a_signal_ends_a_burst_after_the_running_job_with_exit_0(backend: Backend, tmp_path: Path) -> None:
+    env, url = burst_env(backend, tmp_path)
+    client = sqs_client(backend.endpoint_url)
+    client.send_message(QueueUrl=url, MessageBody=json.dumps({"type": "nap", "payload": {"seconds": 3}}))
+    effects = tmp_path / "effects.txt"
+    with (tmp_path / "worker.log").open("wb") as stderr:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "worker.commands", "run", "--burst"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            cwd=ROOT,
+            text=True,
+        )
+    try:
+        wait_until(lambda: "nap started" in lines(effects), 30, "the job to start")
+        worker.send_signal(signal.SIGTERM)
+        stdout, _ = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, (tmp_path / "worker.log").read_text()
+    assert summary_lines(stdout) == ["burst stopped by a signal: 1 succeeded, 0 retried, 0 dead-lettered"]
+    assert lines(effects) == ["nap started", "nap done"]
+    assert_queue_empty(client, url)

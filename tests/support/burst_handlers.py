@@ -5,6 +5,7 @@ Each run appends a line to ``TEST_EFFECTS_FILE``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -35,3 +36,10 @@ def flaky(payload: dict[str, Any], ctx: JobContext) -> None:
 async def refused(payload: dict[str, Any], ctx: JobContext) -> None:
     record("refused")
     raise PermanentError("the account is closed")
+
+
+@job("nap", max_attempts=3, backoff_base_s=1, backoff_max_s=1)
+async def nap(payload: dict[str, Any], ctx: JobContext) -> None:
+    record("nap started")
+    await asyncio.sleep(float(payload.get("seconds", 2)))  # the work itself
+    record("nap done")

@@ -63,6 +63,12 @@ def _otel() -> _Otel | None:
     return _Otel(trace, context, TraceContextTextMapPropagator(), Status, StatusCode, SpanKind.CONSUMER)
 
 
+@functools.cache
+def _tracer(otel: _Otel) -> Any:
+    """The worker's tracer: a proxy until the process sets its tracer provider, then that provider's."""
+    return otel.trace.get_tracer(TRACER_NAME)
+
+
 def enabled() -> bool:
     """Whether tracing is available (the ``otel`` extra is installed)."""
     return _otel() is not None
@@ -97,7 +103,7 @@ def attempt_span(held: Held, *, job_type: str, queue: str) -> Iterator[None]:
         return
     message = held.message
     parent = otel.propagator.extract(_carrier(message.message_attributes))
-    span = otel.trace.get_tracer(TRACER_NAME).start_span(
+    span = _tracer(otel).start_span(
         f"run {job_type}",
         context=parent,
         kind=otel.consumer,
