@@ -3,10 +3,11 @@
 Empty means the queue's ApproximateNumberOfMessages, ...NotVisible and ...Delayed are all 0, read while this
 worker runs no job, and read so twice, about a second apart, with nothing received in between. A retried job
 waiting for its delay is in flight for SQS (not visible), so the burst waits for it and runs it. The wait is
-bounded: when nothing has been received for longer than the longest wait the settings allow (the visibility
+bounded: when no job has been received or finished for longer than the longest wait the settings allow (the visibility
 timeout, the handlers' largest ``backoff_max_s``, or a longer retry delay this worker set, plus one long poll),
 messages that are still there are not coming (held by another consumer, or delayed past that): the burst stops
-and says how many are left (exit 1).
+and says how many are left (exit 1). While the endpoint does not answer, the counts cannot be read and the burst
+waits, as the receive loops do.
 
 :class:`Burst` is an Observer (it counts outcomes and sees the worker's in-flight gauge) and a companion
 coroutine of ``worker.runtime.service.serve`` (:meth:`Burst.watch`), so the runtime itself does not change.
