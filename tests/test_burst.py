@@ -7,29 +7,19 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from tests.support.backends import Backend
 from tests.support.harness import drain, sqs_client
-from tests.support.process import ROOT, cli, lines, wait_until, worker_env
+from tests.support.process import ROOT, bootstrapped_queue, cli, lines, wait_until
 from tests.support.queues import assert_queue_empty, queue_counts
 from worker.runtime.burst import idle_limit_s
 
 
 def burst_env(backend: Backend, tmp_path: Path, **settings: str) -> tuple[dict[str, str], str]:
-    queue = f"burst-{uuid.uuid4().hex[:8]}"
-    env = worker_env(
-        backend.endpoint_url,
-        WORKER_QUEUE=queue,
-        WORKER_HANDLERS="tests.support.burst_handlers",
-        TEST_EFFECTS_FILE=str(tmp_path / "effects.txt"),
-        TMP=str(tmp_path),
-        **settings,
+    return bootstrapped_queue(
+        backend.endpoint_url, tmp_path, handlers="tests.support.burst_handlers", prefix="burst", **settings
     )
-    result = cli("bootstrap", env=env)
-    assert result.returncode == 0, result.stderr
-    return env, sqs_client(backend.endpoint_url).get_queue_url(QueueName=queue)["QueueUrl"]
 
 
 def summary_lines(stdout: str) -> list[str]:

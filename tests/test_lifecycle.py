@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import signal
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 
 from tests.support.backends import Backend
 from tests.support.harness import make_queues, running_worker, send, sqs_client
-from tests.support.process import cli, lines, start, wait_until, worker_env
+from tests.support.process import bootstrapped_queue, cli, lines, start, wait_until
 from tests.support.queues import assert_queue_empty, queue_counts
 from worker import ConfigError, JobContext, Resources
 from worker.jobs import Registry
@@ -168,18 +167,9 @@ def test_resources_name_what_is_missing_and_check_types() -> None:
 
 
 def lifecycle_env(backend: Backend, tmp_path: Path, **settings: str) -> tuple[dict[str, str], str]:
-    queue = f"life-{uuid.uuid4().hex[:8]}"
-    env = worker_env(
-        backend.endpoint_url,
-        WORKER_QUEUE=queue,
-        WORKER_HANDLERS="tests.support.lifecycle_handlers",
-        TEST_EFFECTS_FILE=str(tmp_path / "effects.txt"),
-        TMP=str(tmp_path),
-        **settings,
+    return bootstrapped_queue(
+        backend.endpoint_url, tmp_path, handlers="tests.support.lifecycle_handlers", prefix="life", **settings
     )
-    result = cli("bootstrap", env=env)
-    assert result.returncode == 0, result.stderr
-    return env, sqs_client(backend.endpoint_url).get_queue_url(QueueName=queue)["QueueUrl"]
 
 
 def test_sigterm_closes_resources_after_the_running_job_finishes(backend: Backend, tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ import logging
 import subprocess
 import sys
 import textwrap
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.support.backends import Backend
 from tests.support.harness import drain, make_queues, running_worker, send, sqs_client
-from tests.support.process import ROOT, cli, lines, worker_env
+from tests.support.process import ROOT, bootstrapped_queue, lines
 from tests.support.queues import assert_queue_empty
 from worker import JobContext, PermanentError
 from worker.jobs import Registry
@@ -157,15 +156,9 @@ async def test_a_message_without_traceparent_starts_a_trace_and_a_retry_is_an_er
 def test_without_the_extra_nothing_changes(backend: Backend, tmp_path: Path) -> None:
     """OpenTelemetry made unimportable (as when the extra is not installed): a burst runs its jobs, the producer
     sends no trace attribute, and no log line carries trace ids."""
-    queue = f"notrace-{uuid.uuid4().hex[:8]}"
-    env = worker_env(
-        backend.endpoint_url,
-        WORKER_QUEUE=queue,
-        WORKER_HANDLERS="tests.support.burst_handlers",
-        TEST_EFFECTS_FILE=str(tmp_path / "effects.txt"),
-        TMP=str(tmp_path),
+    env, url = bootstrapped_queue(
+        backend.endpoint_url, tmp_path, handlers="tests.support.burst_handlers", prefix="notrace"
     )
-    assert cli("bootstrap", env=env).returncode == 0
     script = textwrap.dedent(
         """
         import sys
@@ -184,9 +177,7 @@ def test_without_the_extra_nothing_changes(backend: Backend, tmp_path: Path) -> 
     assert "burst done: 1 succeeded, 0 retried, 0 dead-lettered; queue empty" in result.stdout
     assert lines(tmp_path / "effects.txt") == ["ok 1"]
     assert "trace_id" not in result.stderr
-    assert_queue_empty(
-        sqs_client(backend.endpoint_url), sqs_client(backend.endpoint_url).get_queue_url(QueueName=queue)["QueueUrl"]
-    )
+    assert_queue_empty(sqs_client(backend.endpoint_url), url)
 
 
 def cli_python(script: str, *, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
