@@ -14,9 +14,12 @@ from worker.errors import (
     RetryableError,
     WorkerError,
 )
-from worker.jobs import JobSpec, Registry, default_registry, job
+from worker.jobs import JobSpec, Registry, default_registry, job, lifespan, middleware
+from worker.lifecycle import Resources
+from worker.middleware import CallNext
 
 __all__ = [
+    "CallNext",
     "ConfigError",
     "InvalidMessage",
     "JobContext",
@@ -26,8 +29,11 @@ __all__ = [
     "PermanentError",
     "QueueUnavailable",
     "Registry",
+    "Resources",
     "RetryableError",
     "WorkerError",
     "default_registry",
     "job",
+    "lifespan",
+    "middleware",
 ]

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.lifecycle import Resources
+
 #: Receives progress reports; must not block (it may be called from a sync handler's thread).
 ProgressSink = Callable[[float, str | None], None]
 
@@ -31,6 +33,8 @@ class JobContext:
     #: Receives of the job so far, this one included (``attempt`` counts only those that ran the handler).
     receive_count: int = 0
     _progress: ProgressSink = field(default=_no_progress, repr=False)
+    #: What the lifespans yielded (``worker.lifecycle``): ``ctx.resources["http"]``.
+    resources: Resources = field(default_factory=Resources, repr=False)
 
     @property
     def is_last_attempt(self) -> bool:

@@ -20,6 +20,8 @@ from pydantic import BaseModel
 
 from worker.context import JobContext
 from worker.errors import ConfigError
+from worker.lifecycle import Lifespan, add_lifespan
+from worker.middleware import Middleware, add_middleware
 from worker.policy import describe_error
 
 #: Exceptions that mean a bug in the handler: retrying cannot help, so they are dead-lettered as ``bug``.
@@ -37,6 +39,8 @@ log = logging.getLogger("worker")
 
 Handler = Callable[..., Any]
 KeyFunction = Callable[[Any], str]
+LifespanT = TypeVar("LifespanT", bound=Callable[..., Any])
+MiddlewareT = TypeVar("MiddlewareT", bound=Callable[..., Any])
 P = ParamSpec("P")
 R = TypeVar("R", covariant=True)
 
@@ -161,10 +165,22 @@ class _Annotated:
 
 
 class Registry:
-    """The job types a worker knows, by name."""
+    """The job types a worker knows, by name, with the lifespans and middleware its worker runs."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, JobSpec] = {}
+        self.lifespans: list[Lifespan] = []
+        self.middlewares: list[Middleware] = []
+
+    def lifespan(self, fn: LifespanT) -> LifespanT:
+        """Register a per-process lifespan (see ``worker.lifecycle``)."""
+        add_lifespan(self.lifespans, fn)
+        return fn
+
+    def middleware(self, fn: MiddlewareT) -> MiddlewareT:
+        """Register a middleware around every job (see ``worker.middleware``); the first is the outermost."""
+        add_middleware(self.middlewares, fn)
+        return fn
 
     def job(
         self,
@@ -252,6 +268,8 @@ def _same_function(a: Handler, b: Handler) -> bool:
 #: The registry that ``from worker import job`` fills; a worker reads it unless given another.
 default_registry = Registry()
 job = default_registry.job
+lifespan = default_registry.lifespan
+middleware = default_registry.middleware
 
 
 def import_handlers(modules: Iterable[str]) -> None:

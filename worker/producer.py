@@ -21,6 +21,7 @@ from worker.envelope import describe_errors, dump_envelope
 from worker.errors import ConfigError
 from worker.flow.delays import DUE_AT_ATTRIBUTE, MAX_DELAY_S, format_due_at, schedule
 from worker.names import queue_name_of
+from worker.observability.tracing import trace_attributes
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
@@ -52,6 +53,9 @@ def _entry(job: Job, *, fifo: bool) -> dict[str, Any]:
     except ValidationError as exc:
         raise ConfigError("job " + describe_errors(exc)) from None
     entry: dict[str, Any] = {"MessageBody": body}
+    trace = trace_attributes()  # the current span's W3C traceparent (the otel extra installed)
+    if trace:
+        entry["MessageAttributes"] = trace
     if fifo:
         entry["MessageGroupId"] = job.group_id or job.type
         entry["MessageDeduplicationId"] = job.idempotency_key or uuid.uuid4().hex
@@ -59,9 +63,8 @@ def _entry(job: Job, *, fifo: bool) -> dict[str, Any]:
         if timing.delay_s:
             entry["DelaySeconds"] = timing.delay_s
         if timing.due_at is not None:
-            entry["MessageAttributes"] = {
-                DUE_AT_ATTRIBUTE: {"DataType": "String", "StringValue": format_due_at(timing.due_at)}
-            }
+            due = {"DataType": "String", "StringValue": format_due_at(timing.due_at)}
+            entry["MessageAttributes"] = {**entry.get("MessageAttributes", {}), DUE_AT_ATTRIBUTE: due}
     return entry
 
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,25 @@ def wait_until(condition: Any, timeout_s: float, what: str, interval_s: float = 
 
 def lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+def bootstrapped_queue(
+    endpoint_url: str, tmp_path: Path, *, handlers: str, prefix: str, **settings: str
+) -> tuple[dict[str, str], str]:
+    """A new queue and DLQ made by ``sqs-worker bootstrap``, and the environment that runs ``handlers`` on it
+    (effects in ``tmp_path/effects.txt``); returns that environment and the queue's URL."""
+    import boto3
+
+    queue = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    env = worker_env(
+        endpoint_url,
+        WORKER_QUEUE=queue,
+        WORKER_HANDLERS=handlers,
+        TEST_EFFECTS_FILE=str(tmp_path / "effects.txt"),
+        TMP=str(tmp_path),
+        **settings,
+    )
+    result = cli("bootstrap", env=env)
+    assert result.returncode == 0, result.stderr
+    client = boto3.client("sqs", endpoint_url=endpoint_url, region_name="us-east-1")
+    return env, client.get_queue_url(QueueName=queue)["QueueUrl"]

@@ -18,6 +18,11 @@ def add_parser(subparsers: Any) -> None:
         help="consume the queue until SIGTERM or SIGINT",
         description="Consume WORKER_QUEUE with the handlers in WORKER_HANDLERS until SIGTERM or SIGINT.",
     )
+    run.add_argument(
+        "--burst",
+        action="store_true",
+        help="consume until the queue is empty (retries included), print a one-line summary and exit",
+    )
     run.set_defaults(func=cmd_run)
 
     bootstrap = subparsers.add_parser(
@@ -84,8 +89,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     aws_region()
     configure_logging(settings)
     import_handlers(settings.handlers)
-    asyncio.run(serve(settings, default_registry))
-    return 0
+    if not getattr(args, "burst", False):
+        asyncio.run(serve(settings, default_registry))
+        return 0
+    from worker.runtime.burst import Burst
+
+    burst = Burst(settings, default_registry)
+    asyncio.run(serve(settings, default_registry, companions=[burst.watch], extra_observers=[burst]))
+    print(burst.summary(), flush=True)
+    return burst.exit_code
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:

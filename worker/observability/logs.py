@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from worker.observability.events import Event, Kind
+from worker.observability.tracing import add_log_fields
 from worker.settings import WorkerSettings
 
 REDACTED = "[REDACTED]"
@@ -225,6 +226,7 @@ def configure_logging(settings: WorkerSettings, *, stream: TextIO | None = None)
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     setattr(handler, _HANDLER_MARK, True)
     handler.setFormatter(build_formatter(settings))
+    add_log_fields(handler)  # trace_id and span_id while a span is current (the otel extra installed)
     root.addHandler(handler)
     root.setLevel(settings.log_level)
     logging.getLogger("worker").setLevel(settings.log_level)

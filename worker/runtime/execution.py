@@ -17,6 +17,7 @@ from worker.context import JobContext, ProgressSink
 from worker.envelope import INVALID_PAYLOAD, UNKNOWN_TYPE, Envelope, describe_errors, parse_envelope
 from worker.errors import InvalidMessage
 from worker.jobs import JobSpec, Registry
+from worker.lifecycle import Resources
 from worker.runtime.threads import JobThreads
 
 
@@ -65,6 +66,7 @@ def build_context(
     attempt: int,
     progress: ProgressSink | None = None,
     receive_count: int | None = None,
+    resources: Resources | None = None,
 ) -> JobContext:
     context = JobContext(
         job_type=job.spec.name,
@@ -78,6 +80,8 @@ def build_context(
     )
     if progress is not None:
         context._progress = progress
+    if resources is not None:
+        context.resources = resources
     return context
 
 

@@ -34,6 +34,8 @@ class Held:
     receive_count: int = 1
     extension: asyncio.Task[None] | None = field(default=None, repr=False)
     handler: asyncio.Future[Any] | None = field(default=None, repr=False)
+    #: The last event about this message (the attempt's outcome once applied; read by the tracing span).
+    last_event: Event | None = field(default=None, repr=False)
 
     def stop_handler(self) -> None:
         """Cancel the running handler: its idempotency lease went to another worker, which runs the job now."""
@@ -42,8 +44,8 @@ class Held:
             self.handler.cancel()
 
     def event(self, kind: Kind, queue: str, **fields: Any) -> Event:
-        """An event about this message; never carries its payload."""
-        return Event(
+        """An event about this message (remembered as ``last_event``); never carries its payload."""
+        self.last_event = Event(
             kind=kind,
             queue=queue,
             message_id=self.message.message_id,
@@ -51,6 +53,7 @@ class Held:
             attempt=self.attempt,
             **fields,
         )
+        return self.last_event
 
     def log_fields(self, queue: str) -> dict[str, Any]:
         return {"message_id": self.message.message_id, "job_type": self.job_type, "queue": queue}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import random
@@ -24,12 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 from worker.backends.protocols import Message, MessageQueue
 from worker.budgets import RECEIVE, retry_delay_s
+from worker.context import JobContext
 from worker.envelope import INVALID_MESSAGE
 from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable
 from worker.flow.attempts import counts_of
 from worker.flow.delays import DUE_AT_ATTRIBUTE, MAX_HOP_S, due_action, due_at_of
 from worker.jobs import Registry
+from worker.lifecycle import Resources, open_lifespans
+from worker.middleware import call_through
 from worker.observability.events import Kind, Observers
+from worker.observability.tracing import attempt_span
 from worker.policy import BUG, PERMANENT, Action, classify_failure, describe_error, error_text
 from worker.runtime.execution import PreparedJob, build_context, call_handler, prepare, result_for_ledger
 from worker.runtime.heartbeat import EXTEND_BELOW_SHARE, Heartbeat
@@ -113,11 +118,18 @@ class Worker:
         )
         self.fatal: BaseException | None = None
         self._warned_unguarded = False
+        #: What the registry's lifespans yielded, while ``run`` runs (``ctx.resources``).
+        self.resources = Resources()
 
     # ----------------------------------------------------------------------------------------------- running
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume until ``stop`` is set, then shut down cleanly. Raises the error that stopped it, if any."""
+        """Start the lifespans, consume until ``stop`` is set, shut down cleanly, then stop the lifespans.
+        Raises the error that stopped it, if any (a lifespan failing at start: ConfigError, nothing received)."""
+        async with open_lifespans(self.registry.lifespans) as self.resources:
+            await self._consume(stop)
+
+    async def _consume(self, stop: asyncio.Event) -> None:
         loops = receive_loops(self.options.concurrency)
         receivers = [asyncio.create_task(self._receive_loop(stop), name=f"receive-{i}") for i in range(loops)]
         heartbeat = asyncio.create_task(self.heartbeat.run(), name="heartbeat")
@@ -409,15 +421,27 @@ class Worker:
                 ledger.progress(claim, percent, note)
 
         context = build_context(
-            job, message_id=message.message_id, attempt=attempt, progress=progress, receive_count=held.receive_count
+            job,
+            message_id=message.message_id,
+            attempt=attempt,
+            progress=progress,
+            receive_count=held.receive_count,
+            resources=self.resources,
         )
         if held.claim is not None and job.envelope.idempotency_key is None:
             context.idempotency_key = held.claim.key  # derived (key function or payload hash)
+        with attempt_span(held, job_type=job.spec.name, queue=self.queue.name):
+            return await self._run_handler(held, job, context)
+
+    async def _run_handler(self, held: Held, job: PreparedJob, context: JobContext) -> bool:
+        """Call the handler through the middleware and apply the outcome. True when the job succeeded."""
+        message = held.message
         sent_ms = message.sent_timestamp_ms
         queue_wait_s = max(0.0, time.time() - sent_ms / 1000) if sent_ms else None
         self._emit(Kind.STARTED, held, queue_wait_s=queue_wait_s)
         started = time.monotonic()
-        held.handler = asyncio.ensure_future(call_handler(job, context, self._threads, owner=held))
+        handler = functools.partial(call_handler, job, context, self._threads, owner=held)
+        held.handler = asyncio.ensure_future(call_through(self.registry.middlewares, context, handler))
         try:
             result = await held.handler
         except asyncio.CancelledError as exc:
