@@ -192,3 +192,12 @@ def test_trace_fields_leave_lines_outside_a_span_alone() -> None:
     record = logging.LogRecord("worker", logging.INFO, __file__, 1, "idle", None, None)
     assert TraceFields().filter(record)
     assert not hasattr(record, "trace_id")
+
+
+def test_a_long_delay_keeps_the_traceparent_beside_its_due_time(spans: InMemorySpanExporter) -> None:
+    from worker.flow.delays import DUE_AT_ATTRIBUTE
+    from worker.producer import message_entry
+
+    with trace.get_tracer("test").start_as_current_span("produce"):
+        entry = message_entry(Job("greet", {"name": "a"}, delay_s=3600), fifo=False)
+    assert set(entry["MessageAttributes"]) >= {"traceparent", DUE_AT_ATTRIBUTE}
