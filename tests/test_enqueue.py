@@ -69,8 +69,8 @@ async def test_an_invalid_payload_raises_and_sends_nothing(backend: Backend, que
         await ref.enqueue_async({"to": 1, "subject": "x"}, producer=producer)
     with pytest.raises(ConfigError, match="payload invalid"):  # one bad payload: none of the batch is sent
         ref.enqueue_many([{"to": "a@b.c", "subject": "ok"}, {"subject": "no to"}], producer=producer)
-    with pytest.raises(ConfigError, match="delay_s must be between 0 and 900"):
-        ref.enqueue({"to": "a@b.c", "subject": "x"}, producer=producer, delay_s=901)
+    with pytest.raises(ConfigError, match=r"delay_s must be between 0 and 31536000 \(a year\)"):
+        ref.enqueue({"to": "a@b.c", "subject": "x"}, producer=producer, delay_s=400 * 86400)
     assert message_count(client, queues.queue_url) == 0
 
 
@@ -147,3 +147,15 @@ def test_a_handler_enqueue_under_the_fixture_goes_to_memory_and_runs(sqs_worker:
     sqs_worker.registry = registry
     assert sqs_worker.run_until_idle().succeeded == 1
     assert sent == [Email(to="ada@example.com", subject="Hi")]
+
+
+def test_enqueue_takes_a_run_at_past_fifteen_minutes(backend: Backend, queues: Created) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    client = sqs_client(backend.endpoint_url)
+    producer = SQSProducer(client, queues.queue_url)
+    due = datetime.now(UTC) + timedelta(hours=2)
+    job_ref("send_email", Email).enqueue({"to": "a@b.c", "subject": "later"}, run_at=due, producer=producer)
+    assert queue_counts(client, queues.queue_url)["ApproximateNumberOfMessagesDelayed"] == 1
+    with pytest.raises(ConfigError, match="give delay_s or run_at, not both"):
+        job_ref("send_email", Email).enqueue({"to": "a@b.c", "subject": "x"}, delay_s=5, run_at=due, producer=producer)

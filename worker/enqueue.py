@@ -19,6 +19,7 @@ import contextvars
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
@@ -186,6 +187,7 @@ class JobRef(Generic[M]):
         delay_s: int | None = None,
         idempotency_key: str | None = None,
         group_id: str | None = None,
+        run_at: datetime | None = None,
     ) -> Job:
         """The job to send: the payload validated (ConfigError naming the fields when it is not valid)."""
         return Job(
@@ -194,6 +196,7 @@ class JobRef(Generic[M]):
             idempotency_key=idempotency_key,
             delay_s=delay_s or 0,
             group_id=group_id,
+            run_at=run_at,
         )
 
     def payload_of(self, payload: M | Mapping[str, Any]) -> dict[str, Any]:
@@ -217,10 +220,11 @@ class JobRef(Generic[M]):
         delay_s: int | None = None,
         idempotency_key: str | None = None,
         group_id: str | None = None,
+        run_at: datetime | None = None,
         producer: Producer | None = None,
     ) -> str:
         """Validate and send one job; returns its MessageId."""
-        job = self.build(payload, delay_s=delay_s, idempotency_key=idempotency_key, group_id=group_id)
+        job = self.build(payload, delay_s=delay_s, idempotency_key=idempotency_key, group_id=group_id, run_at=run_at)
         return (producer or current_producer()).send(job)
 
     async def enqueue_async(
@@ -230,10 +234,11 @@ class JobRef(Generic[M]):
         delay_s: int | None = None,
         idempotency_key: str | None = None,
         group_id: str | None = None,
+        run_at: datetime | None = None,
         producer: Producer | None = None,
     ) -> str:
         """:meth:`enqueue`, awaitable."""
-        job = self.build(payload, delay_s=delay_s, idempotency_key=idempotency_key, group_id=group_id)
+        job = self.build(payload, delay_s=delay_s, idempotency_key=idempotency_key, group_id=group_id, run_at=run_at)
         return await (producer or current_producer()).send_async(job)
 
     def enqueue_many(
@@ -242,11 +247,12 @@ class JobRef(Generic[M]):
         *,
         delay_s: int | None = None,
         group_id: str | None = None,
+        run_at: datetime | None = None,
         producer: Producer | None = None,
     ) -> BatchResult:
         """Validate every payload, then send them 10 per SendMessageBatch. Entries the queue refuses are reported
         in the result's ``failures`` (by index), not raised; the others are sent."""
-        jobs = [self.build(payload, delay_s=delay_s, group_id=group_id) for payload in payloads]
+        jobs = [self.build(payload, delay_s=delay_s, group_id=group_id, run_at=run_at) for payload in payloads]
         return (producer or current_producer()).send_many(jobs)
 
     async def enqueue_many_async(
@@ -255,10 +261,11 @@ class JobRef(Generic[M]):
         *,
         delay_s: int | None = None,
         group_id: str | None = None,
+        run_at: datetime | None = None,
         producer: Producer | None = None,
     ) -> BatchResult:
         """:meth:`enqueue_many`, awaitable."""
-        jobs = [self.build(payload, delay_s=delay_s, group_id=group_id) for payload in payloads]
+        jobs = [self.build(payload, delay_s=delay_s, group_id=group_id, run_at=run_at) for payload in payloads]
         return await (producer or current_producer()).send_many_async(jobs)
 
 

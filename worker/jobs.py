@@ -45,6 +45,8 @@ P = ParamSpec("P")
 R = TypeVar("R", covariant=True)
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from worker.producer import BatchResult
 
 
@@ -61,6 +63,7 @@ class JobFunction(Protocol, Generic[P, R]):
         delay_s: int | None = None,
         idempotency_key: str | None = None,
         group_id: str | None = None,
+        run_at: datetime | None = None,
     ) -> str: ...
 
     async def enqueue_async(
@@ -70,14 +73,25 @@ class JobFunction(Protocol, Generic[P, R]):
         delay_s: int | None = None,
         idempotency_key: str | None = None,
         group_id: str | None = None,
+        run_at: datetime | None = None,
     ) -> str: ...
 
     def enqueue_many(
-        self, payloads: Iterable[Any], *, delay_s: int | None = None, group_id: str | None = None
+        self,
+        payloads: Iterable[Any],
+        *,
+        delay_s: int | None = None,
+        group_id: str | None = None,
+        run_at: datetime | None = None,
     ) -> BatchResult: ...
 
     async def enqueue_many_async(
-        self, payloads: Iterable[Any], *, delay_s: int | None = None, group_id: str | None = None
+        self,
+        payloads: Iterable[Any],
+        *,
+        delay_s: int | None = None,
+        group_id: str | None = None,
+        run_at: datetime | None = None,
     ) -> BatchResult: ...
 
 
