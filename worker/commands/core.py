@@ -40,7 +40,7 @@ def add_parser(subparsers: Any) -> None:
     )
     enqueue.add_argument("type", help="the job type, e.g. send_email")
     enqueue.add_argument("--payload", default="{}", help="the payload as a JSON object (default: {})")
-    enqueue.add_argument("--delay-s", type=int, default=0, help="deliver after this many seconds (max 900)")
+    enqueue.add_argument("--delay-s", type=int, default=0, help="deliver after this many seconds (SQS: max 900)")
     enqueue.add_argument("--idempotency-key", default=None, help="jobs with the same key take effect once")
     enqueue.add_argument("--group-id", default=None, help="FIFO queues: the MessageGroupId (default: the type)")
     enqueue.set_defaults(func=cmd_enqueue)
@@ -69,6 +69,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from worker.settings import aws_region, load_settings
 
     settings = load_settings()
+    if settings.backend == "cloudtasks":
+        raise ConfigError("WORKER_BACKEND=cloudtasks: Cloud Tasks pushes its tasks; run `sqs-worker serve-tasks`")
     aws_region()
     configure_logging(settings)
     import_handlers(settings.handlers)
@@ -83,6 +85,11 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     region = aws_region()
+    if settings.backend == "cloudtasks":
+        from worker.commands.tasks import bootstrap_tables
+
+        print("\n".join(asyncio.run(bootstrap_tables(region))) or "no tables configured")
+        return 0
     import_handlers(settings.handlers)
     max_receive_count = args.max_receive_count or settings.max_receive_count or default_max_receive_count()
     largest = max((spec.max_attempts for spec in default_registry.specs()), default=0)
@@ -154,6 +161,10 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     if not isinstance(payload, dict):
         raise ConfigError('--payload must be a JSON object, e.g. \'{"to": "a@example.com"}\'')
     settings = load_settings()
+    if settings.backend == "cloudtasks":
+        from worker.commands.tasks import cmd_enqueue_task
+
+        return cmd_enqueue_task(args, payload)
     client = sqs_client(aws_region())
     queue_url = resolve_queue_url_sync(client, settings.queue)
     message_id = enqueue(
