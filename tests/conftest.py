@@ -10,6 +10,7 @@ import pytest
 import pytest_asyncio
 
 from tests.support.backends import Backend, start_localstack, start_moto
+from tests.support.cloudtasks import Emulator, start_emulator
 from tests.support.harness import make_queues
 from tests.support.idempotency import dynamodb_client
 from tests.support.logs import root_logging_restored
@@ -44,6 +45,14 @@ def localstack_backend() -> Iterator[Backend]:
     backend = start_localstack()
     yield backend
     backend.stop()
+
+
+@pytest.fixture(scope="session")
+def tasks_emulator() -> Iterator[Emulator]:
+    """The gcloud-tasks-emulator (a local Cloud Tasks API), started once; each test makes its own queue."""
+    emulator = start_emulator()
+    yield emulator
+    emulator.stop()
 
 
 @pytest.fixture(params=BACKENDS)
