@@ -15,6 +15,7 @@ from typing import Any
 
 from worker.backends.aws import resolve_queue_url_sync, sync_client
 from worker.commands import plain_help
+from worker.errors import ConfigError
 from worker.names import queue_name_of
 from worker.observability.logs import configure_logging
 from worker.ops.dlq import (
@@ -104,7 +105,11 @@ def _backend_switch(action: Any) -> Any:
     """``action`` on SQS; the dead-letter table's version of it with WORKER_BACKEND=cloudtasks."""
 
     def run(args: argparse.Namespace) -> int:
-        if load_settings().backend == "cloudtasks":
+        try:
+            cloudtasks = load_settings().backend == "cloudtasks"
+        except ConfigError:  # the SQS command says what is missing, as it always did
+            cloudtasks = False
+        if cloudtasks:
             from worker.backends.cloudtasks.dlq import run as run_cloudtasks
 
             code: int = run_cloudtasks(args)
