@@ -172,6 +172,30 @@ async def test_unauthenticated_requests_get_401_and_run_nothing(env: Backend, tm
     assert not server.recorder.of(Kind.STARTED)[1:]
 
 
+async def test_unfetchable_keys_answer_503_and_run_nothing(env: Backend, tmp_path: Any) -> None:
+    """Google's keys out of reach is not the caller's fault: 503 (Cloud Tasks tries again), not 401."""
+    from worker.dev.localaws import free_port
+
+    table = await make_dead_letter_table(env.endpoint_url)
+    ran: list[str] = []
+    with signing_keys() as keys:
+        token = keys.token()
+    key_set = KeySet(f"http://127.0.0.1:{free_port()}/certs", cache_s=3600)  # nothing listens there
+    async with serving(
+        registry_with(ran),
+        queue="q",
+        dead_letter_table=table,
+        tmp_path=tmp_path,
+        keys=key_set,
+        service_account=ACCOUNT,
+        audience=AUDIENCE,
+    ) as server:
+        headers = {**task_headers(secret=None), "Authorization": f"Bearer {token}"}
+        status, response_headers, body = await call(server.url, envelope("ok", n=1), headers)
+        assert (status, body["outcome"], response_headers["retry-after"]) == (503, "keys_unavailable", "10")
+    assert ran == []
+
+
 async def test_over_capacity_answers_503_but_the_last_attempt_waits(env: Backend, tmp_path: Any) -> None:
     table = await make_dead_letter_table(env.endpoint_url)
     ran: list[str] = []

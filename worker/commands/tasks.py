@@ -6,6 +6,8 @@ import argparse
 import asyncio
 from typing import Any
 
+from worker.errors import ConfigError
+
 
 def add_parser(subparsers: Any) -> None:
     serve = subparsers.add_parser(
@@ -19,7 +21,26 @@ def add_parser(subparsers: Any) -> None:
     serve.set_defaults(func=cmd_serve_tasks)
 
 
+def require_gcp_extra(*modules: str) -> None:
+    """A ConfigError naming the ``gcp`` extra when its packages are not installed."""
+    import importlib.util
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except ModuleNotFoundError:  # a parent package is missing
+            return True
+
+    missing = [name for name in modules if absent(name)]
+    if missing:
+        raise ConfigError(
+            f"WORKER_BACKEND=cloudtasks needs the gcp extra ({', '.join(missing)} missing): "
+            'pip install "sqs-worker[gcp] @ <path or git URL of sqs-worker>"'
+        )
+
+
 def cmd_serve_tasks(args: argparse.Namespace) -> int:
+    require_gcp_extra("uvicorn", "starlette", "jwt")
     from worker.backends.cloudtasks.server import serve_tasks
     from worker.backends.cloudtasks.settings import load_cloudtasks_settings
     from worker.jobs import default_registry, import_handlers
@@ -39,6 +60,8 @@ def cmd_serve_tasks(args: argparse.Namespace) -> int:
 def cmd_enqueue_task(args: argparse.Namespace, payload: dict[str, Any]) -> int:
     """``sqs-worker enqueue`` with WORKER_BACKEND=cloudtasks: prints the task's name."""
     import sys
+
+    require_gcp_extra("google.cloud.tasks_v2")
 
     from worker.backends.cloudtasks.producer import enqueue_task, tasks_client
     from worker.backends.cloudtasks.settings import load_cloudtasks_settings

@@ -5,7 +5,8 @@
   configured service account (``email_verified`` true), not expired.
 - Shared secret: ``X-Worker-Secret: <WORKER_CLOUDTASKS_SHARED_SECRET>`` (compared in constant time).
 
-Anything else raises :class:`Unauthorized` (the server answers 401 and runs nothing).
+Anything else raises :class:`Unauthorized` (the server answers 401 and runs nothing). Keys that cannot be fetched
+raise :class:`KeysUnavailable` (503: the caller is not at fault, Cloud Tasks tries again).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ LEEWAY_S = 30
 
 class Unauthorized(WorkerError):
     """A request without valid credentials; says what is wrong, never the token."""
+
+
+class KeysUnavailable(WorkerError):
+    """Google's signing keys cannot be had (never fetched, the endpoint unreachable): not the caller's fault."""
 
 
 class KeySet:
@@ -75,7 +80,7 @@ class KeySet:
                 keys = jwt.PyJWKSet.from_dict(dict(document)).keys
             except Exception as exc:
                 if not self._keys:
-                    raise Unauthorized(f"signing keys unavailable from {self.url}: {exc}") from None
+                    raise KeysUnavailable(f"signing keys unavailable from {self.url}: {exc}") from None
                 log.warning("could not refresh the signing keys from %s, keeping the cached ones: %s", self.url, exc)
                 return
             self._keys = {key.key_id: key.key for key in keys if key.key_id}

@@ -61,6 +61,9 @@ async def open_store() -> AsyncIterator[tuple[DeadLetterStore, CloudTasksSetting
 
 def run(args: argparse.Namespace) -> int:
     """The ``dlq`` action of ``args`` on the Cloud Tasks backend."""
+    from worker.commands.tasks import require_gcp_extra
+
+    require_gcp_extra("google.cloud.tasks_v2")
     action = {
         "list": _list,
         "show": _show,

@@ -35,6 +35,7 @@ from worker.jobs import Registry
 from worker.observability.events import Event, Kind, Observers
 from worker.policy import BUG, EXHAUSTED, PERMANENT, Action, classify_failure, describe_error, error_text
 from worker.runtime.execution import PreparedJob, build_context, call_handler, prepare, result_for_ledger
+from worker.runtime.held import Connectivity
 from worker.runtime.threads import JobThreads
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ class TaskRunner:
         self._jobs: set[asyncio.Task[Reply]] = set()
         self._decided: OrderedDict[str, tuple[str, str, str | None, int]] = OrderedDict()
         self.stopping = False
+        self._dynamodb = Connectivity("dynamodb", self.observers)
 
     # ------------------------------------------------------------------------------------------- the edge
 
@@ -231,9 +233,10 @@ class TaskRunner:
                 key=key, job_type=name, payload_hash=digest, lease_s=job.spec.timeout_s + LEASE_MARGIN_S
             )
         except LedgerUnavailable as exc:
-            self.observers.connectivity(service="dynamodb", reachable=False)
+            self._dynamodb.down(exc)
             log.warning("idempotency table unreachable: %s", exc, extra=self._fields(request, name))
             return not_now("ledger_unreachable", retry_after_s=LEDGER_RETRY_S)
+        self._dynamodb.up()
         if claim.outcome == "completed":
             self._emit(Kind.DUPLICATE_SKIPPED, request, name, idempotency_key=key)
             return done("duplicate")
@@ -327,6 +330,7 @@ class TaskRunner:
         try:
             await self.dead_letters.put_within(record, give_up_after_s=self.options.dead_letter_write_s)
         except (QueueUnavailable, ConfigError) as exc:
+            self._dynamodb.down(exc)
             log.error(
                 "dead-letter record not written (%s: %s); answering 503 so the task comes back: %s",
                 category,
@@ -335,6 +339,7 @@ class TaskRunner:
                 extra=self._fields(request, job_type),
             )
             return not_now("dead_letter_unrecorded", retry_after_s=LEDGER_RETRY_S, detail=category)
+        self._dynamodb.up()
         self._emit(Kind.DEAD_LETTERED, request, job_type, category=category, error=error, duration_s=duration_s)
         return done("dead_lettered", detail=category)
 

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from worker.backends.aws import async_client, client_config, is_transient, translate
-from worker.backends.cloudtasks.auth import Authenticator, KeySet, Unauthorized
+from worker.backends.cloudtasks.auth import Authenticator, KeySet, KeysUnavailable, Unauthorized
 from worker.backends.cloudtasks.contract import MAX_TASK_BYTES, parse_request
 from worker.backends.cloudtasks.deadletters import PARTITION_KEY, SORT_KEY, DeadLetterStore
 from worker.backends.cloudtasks.runner import RunnerOptions, TaskRunner
@@ -47,6 +47,8 @@ log = logging.getLogger("worker")
 #: A request body beyond Cloud Tasks' task size (plus room) is not a task: 413, nothing runs.
 MAX_BODY_BYTES = MAX_TASK_BYTES + 64 * 1024
 GAUGE_INTERVAL_S = 1.0
+#: Retry-After when Google's signing keys cannot be fetched.
+KEYS_RETRY_S = 10
 #: After the grace, how long uvicorn still waits for the cancelled deliveries' answers.
 ANSWER_MARGIN_S = 5.0
 
@@ -75,6 +77,10 @@ def build_app(
         except Unauthorized as exc:
             log.warning("request refused (401): %s", exc, extra={"path": request.url.path})
             return JSONResponse({"outcome": "unauthorized", "detail": str(exc)}, status_code=401)
+        except KeysUnavailable as exc:
+            log.error("request not checked (503): %s", exc, extra={"path": request.url.path})
+            headers = {"Retry-After": str(KEYS_RETRY_S)}
+            return JSONResponse({"outcome": "keys_unavailable", "detail": str(exc)}, status_code=503, headers=headers)
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
