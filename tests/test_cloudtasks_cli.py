@@ -118,6 +118,7 @@ async def test_dlq_commands_on_the_dead_letter_table(
     for name, value in cloudtasks_env(tasks_emulator, queue, table, 8080).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("LOGNAME", "pytest-operator")
+    tasks_emulator.pause(queue)  # the replayed tasks stay in the queue to be looked at
 
     def run(*args: str) -> tuple[int, str, str]:
         code = main(list(args))

@@ -54,6 +54,10 @@ class Emulator:
         self.client().create_queue(parent=path.rsplit("/queues/", 1)[0], queue={"name": path})
         return queue_id
 
+    def pause(self, queue_id: str) -> None:
+        """Stop dispatching the queue's tasks (they stay listed)."""
+        self.client().pause_queue(name=f"projects/{PROJECT}/locations/{LOCATION}/queues/{queue_id}")
+
     def tasks(self, queue_id: str) -> list[Any]:
         """The tasks the queue still holds (a task answered 2xx, or given up, is gone)."""
         path = f"projects/{PROJECT}/locations/{LOCATION}/queues/{queue_id}"
