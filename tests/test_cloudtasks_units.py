@@ -194,3 +194,17 @@ async def test_a_body_larger_than_an_item_is_kept_byte_for_byte(backend: Backend
         assert listed.attributes["error_category"] == "invalid_message"
         await store.delete(listed)
         assert (await client.scan(TableName=table))["Items"] == []
+
+
+def test_the_listening_socket_lets_asyncio_disable_nagle() -> None:
+    """asyncio sets TCP_NODELAY only on accepted sockets whose proto is IPPROTO_TCP; with proto 0 every answer
+    waited about 40 ms for a delayed ACK (benchmarks/cloudtasks_serve.py: 220/s and 44 ms before, see README)."""
+    import socket
+
+    from worker.backends.cloudtasks.server import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert (sock.family, sock.type, sock.proto) == (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    finally:
+        sock.close()

@@ -122,7 +122,9 @@ def build_app(
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket; a port that cannot be had is a ConfigError naming the setting."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP (not 0): asyncio sets TCP_NODELAY only on accepted sockets of that proto, and without it
+    # Nagle's algorithm holds each response's body behind its headers for a delayed ACK (about 40 ms).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
