@@ -30,6 +30,7 @@ class CloudTasksSettings(BaseSettings):
     )
     dead_letter_table: str | None = Field(default=None, description="DynamoDB table of the dead-letter records.")
     port: int = Field(default=8080, ge=0, le=65_535, description="Port serve-tasks listens on (Cloud Run: $PORT).")
+    # all interfaces: Cloud Tasks (through Cloud Run) reaches the container from outside
     host: str = Field(default="0.0.0.0", description="Address serve-tasks listens on.")  # noqa: S104  # nosec B104
     audience: str | None = Field(default=None, description="Expected OIDC audience (default: the url setting).")
     service_account: str | None = Field(
