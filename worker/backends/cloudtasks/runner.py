@@ -33,10 +33,18 @@ from worker.envelope import INVALID_MESSAGE
 from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable, RetryableError
 from worker.jobs import Registry
 from worker.observability.events import Event, Kind, Observers
-from worker.policy import BUG, EXHAUSTED, PERMANENT, Action, classify_failure, describe_error, error_text
-from worker.runtime.execution import PreparedJob, build_context, call_handler, prepare, result_for_ledger
+from worker.policy import BUG, EXHAUSTED, PERMANENT, Action, describe_error
+from worker.runtime.execution import (
+    PreparedJob,
+    build_context,
+    call_handler,
+    judge_failure,
+    prepare,
+    result_for_ledger,
+)
 from worker.runtime.held import Connectivity
 from worker.runtime.threads import JobThreads
+from worker.runtime.worker import LEDGER_RETRY_S, THREAD_FINISH_WAIT_S
 
 if TYPE_CHECKING:
     from worker.idempotency import Claim, Ledger
@@ -45,8 +53,6 @@ log = logging.getLogger("worker")
 
 #: Retry-After of a delivery that found no free slot, or came during shutdown.
 BUSY_RETRY_S = 1
-#: Retry-After when the idempotency table is unreachable (as ``LEDGER_RETRY_S`` on SQS).
-LEDGER_RETRY_S = 10
 #: An idempotency lease covers the handler's timeout plus this (no heartbeats: the request lasts the attempt).
 LEASE_MARGIN_S = 30
 #: Dead-letter decisions remembered by task name, so a redelivery is recorded again without running.
@@ -128,7 +134,7 @@ class TaskRunner:
             log.info("waiting up to %.0f s for %d running job(s)", grace_s, len(running))
             _, pending = await asyncio.wait(running, timeout=grace_s)
             if pending:
-                self.threads.wait_on_cancel(2.0)
+                self.threads.wait_on_cancel(THREAD_FINISH_WAIT_S)
                 for task in pending:
                     task.cancel()
                 log.warning("cancelled %d job(s) still running after the grace period", len(pending))
@@ -265,22 +271,7 @@ class TaskRunner:
     ) -> Reply:
         spec = job.spec
         duration_s = time.monotonic() - started
-        decision = classify_failure(
-            error,
-            attempt=request.attempt,
-            max_attempts=max_attempts,
-            permanent=spec.permanent,
-            bugs=spec.bugs,
-            backoff_base_s=spec.backoff_base_s,
-            backoff_max_s=spec.backoff_max_s,
-            rng=self._rng,
-        )
-        if isinstance(error, TimeoutError) and not error_text(error):
-            text = f"TimeoutError: the handler ran longer than timeout_s={spec.timeout_s:g}"
-        elif isinstance(error, asyncio.CancelledError):
-            text = describe_error(error) + " (raised by the handler itself)"
-        else:
-            text = describe_error(error)
+        decision, text = judge_failure(job, error, attempt=request.attempt, max_attempts=max_attempts, rng=self._rng)
         if decision.action is Action.RETRY:
             await self._settle(claim, text, final=False)
             named = error.delay_s if isinstance(error, RetryableError) else None

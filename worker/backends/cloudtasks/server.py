@@ -157,18 +157,11 @@ async def open_runner(
     settings: WorkerSettings, cloudtasks: CloudTasksSettings, registry: Registry, observers: Observers
 ) -> AsyncIterator[TaskRunner]:
     """A TaskRunner wired to the dead-letter table and (when configured) the idempotency ledger."""
-    from worker.runtime.assemble import check_table, worker_id
+    from worker.runtime.assemble import check_registry, check_table, worker_id
 
-    if len(registry) == 0:
-        raise ConfigError("no job handlers registered: set WORKER_HANDLERS to the modules that define @job handlers")
+    check_registry(settings, registry)
     if not cloudtasks.dead_letter_table:
         raise ConfigError("WORKER_CLOUDTASKS_DEAD_LETTER_TABLE is not set: Cloud Tasks keeps no dead letters itself")
-    guarded = [spec.name for spec in registry.specs() if spec.uses_ledger]
-    if guarded and not settings.idempotency_table:
-        raise ConfigError(
-            f"job(s) {', '.join(guarded)} are idempotent but WORKER_IDEMPOTENCY_TABLE is not set: "
-            "they would run unguarded"
-        )
     queue = queue_name_of(settings.queue.rsplit("/", 1)[-1])
     async with contextlib.AsyncExitStack() as stack:
         dynamodb = await stack.enter_async_context(
