@@ -208,3 +208,25 @@ def test_the_listening_socket_lets_asyncio_disable_nagle() -> None:
         assert (sock.family, sock.type, sock.proto) == (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     finally:
         sock.close()
+
+
+def test_cli_says_what_is_missing_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, restore_logging: None
+) -> None:
+    from worker.commands.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    for name in [name for name in __import__("os").environ if name.startswith("WORKER_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("WORKER_QUEUE", "jobs")
+    monkeypatch.setenv("WORKER_BACKEND", "cloudtasks")
+    assert main(["run"]) == 2
+    assert "run `sqs-worker serve-tasks`" in capsys.readouterr().err
+    assert main(["enqueue", "x"]) == 2
+    assert "WORKER_CLOUDTASKS_PROJECT and WORKER_CLOUDTASKS_LOCATION must be set" in capsys.readouterr().err
+    assert main(["serve-tasks"]) == 2
+    assert "never runs unauthenticated requests" in capsys.readouterr().err
+    monkeypatch.setenv("WORKER_CLOUDTASKS_SHARED_SECRET", "s" * 16)
+    monkeypatch.setenv("WORKER_HANDLERS", "tests.support.handlers")
+    assert main(["serve-tasks"]) == 2
+    assert "WORKER_CLOUDTASKS_DEAD_LETTER_TABLE is not set" in capsys.readouterr().err

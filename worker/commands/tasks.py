@@ -63,7 +63,7 @@ def cmd_enqueue_task(args: argparse.Namespace, payload: dict[str, Any]) -> int:
 
     require_gcp_extra("google.cloud.tasks_v2")
 
-    from worker.backends.cloudtasks.producer import enqueue_task, tasks_client
+    from worker.backends.cloudtasks.producer import create_task, job_task, tasks_client
     from worker.backends.cloudtasks.settings import load_cloudtasks_settings
     from worker.producer import Job
     from worker.settings import load_settings
@@ -71,7 +71,8 @@ def cmd_enqueue_task(args: argparse.Namespace, payload: dict[str, Any]) -> int:
     settings = load_settings()
     cloudtasks = load_cloudtasks_settings()
     job = Job(args.type, payload, args.idempotency_key, args.delay_s, args.group_id)
-    created = enqueue_task(tasks_client(cloudtasks), cloudtasks, settings.queue, job)
+    queue_path, task = job_task(cloudtasks, settings.queue, job)  # a wrong setting or job before any connection
+    created = create_task(tasks_client(cloudtasks), cloudtasks, queue_path, task)
     if not created.created:
         print("a task of this name exists already: deduplicated by Cloud Tasks", file=sys.stderr)
     print(created.name)

@@ -126,8 +126,8 @@ async def _move(
     audit: dict[str, str] | None = None,
 ) -> MoveResult:
     """Create a task for each record, then delete the record."""
-    client = tasks_client(cloudtasks)
     queue_path = cloudtasks.queue_path(queue)
+    client = tasks_client(cloudtasks)
     result = MoveResult(method, total=len(records))
     for record in records:
         headers = {}

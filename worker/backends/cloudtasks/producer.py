@@ -54,7 +54,15 @@ def tasks_client(settings: CloudTasksSettings) -> Any:
 
         channel = grpc.insecure_channel(settings.emulator_host)
         return tasks_v2.CloudTasksClient(transport=CloudTasksGrpcTransport(channel=channel))
-    return tasks_v2.CloudTasksClient()
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        return tasks_v2.CloudTasksClient()
+    except DefaultCredentialsError:
+        raise ConfigError(
+            "no Google credentials for Cloud Tasks: run on GCP with a service account, or `gcloud auth "
+            "application-default login`, or set WORKER_CLOUDTASKS_EMULATOR_HOST for a local emulator"
+        ) from None
 
 
 def build_task(
@@ -117,9 +125,8 @@ def create_task(client: Any, settings: CloudTasksSettings, queue_path: str, task
     return Created(str(response.name))
 
 
-def enqueue_task(client: Any, settings: CloudTasksSettings, queue: str, job: Job) -> Created:
-    """Send one job as a task (what ``sqs-worker enqueue`` does with WORKER_BACKEND=cloudtasks, and what a typed
-    ``.enqueue`` calls): named after its idempotency key when it has one."""
+def job_task(settings: CloudTasksSettings, queue: str, job: Job) -> tuple[str, dict[str, Any]]:
+    """The queue path and the task of one job: named after its idempotency key when it has one."""
     if job.group_id is not None:
         raise ConfigError("Cloud Tasks queues have no message groups (--group-id is for SQS FIFO queues)")
     try:
@@ -128,6 +135,11 @@ def enqueue_task(client: Any, settings: CloudTasksSettings, queue: str, job: Job
         raise ConfigError("job " + describe_errors(exc)) from None
     queue_path = settings.queue_path(queue)
     name = task_id(job.idempotency_key) if job.idempotency_key else None
-    return create_task(
-        client, settings, queue_path, build_task(settings, queue_path, body, name=name, delay_s=job.delay_s)
-    )
+    return queue_path, build_task(settings, queue_path, body, name=name, delay_s=job.delay_s)
+
+
+def enqueue_task(client: Any, settings: CloudTasksSettings, queue: str, job: Job) -> Created:
+    """Send one job as a task (what ``sqs-worker enqueue`` does with WORKER_BACKEND=cloudtasks, and what a typed
+    ``.enqueue`` calls)."""
+    queue_path, task = job_task(settings, queue, job)
+    return create_task(client, settings, queue_path, task)
