@@ -149,8 +149,8 @@ BREAKAGES: tuple[Breakage, ...] = (
         "i2",
         "backoff without jitter (the runtime ignores its random source)",
         "worker/runtime/worker.py",
-        "rng=self._rng,",
-        "jitter=1.0,",
+        "max_attempts=job.spec.max_attempts, rng=self._rng",
+        "max_attempts=job.spec.max_attempts, rng=random.Random(1)",
         ("tests/test_guards.py::test_retry_delays_are_drawn_from_the_workers_random_source",),
     ),
     Breakage(
