@@ -237,6 +237,38 @@ BREAKAGES: tuple[Breakage, ...] = (
             "tests/test_runtime_threads.py::test_an_overrunning_sync_job_does_not_starve_the_next",
         ),
     ),
+    Breakage(
+        "ct1",
+        "Cloud Tasks: the attempt misses the first dispatch (retry count taken as the attempt)",
+        "worker/backends/cloudtasks/contract.py",
+        "return self.retry_count + 1",
+        "return max(1, self.retry_count)",
+        ("tests/test_cloudtasks_http.py::test_last_attempt_is_dead_lettered_as_exhausted",),
+    ),
+    Breakage(
+        "ct2",
+        "Cloud Tasks: an OIDC token of any account is accepted",
+        "worker/backends/cloudtasks/auth.py",
+        'if claims.get("email") != self.service_account or claims.get("email_verified") is not True:',
+        "if False:  # MUTANT",
+        ("tests/test_cloudtasks_http.py::test_unauthenticated_requests_get_401_and_run_nothing",),
+    ),
+    Breakage(
+        "ct3",
+        "Cloud Tasks: a dead letter is answered 2xx without its record",
+        "worker/backends/cloudtasks/runner.py",
+        "await self.dead_letters.put_within(record, give_up_after_s=self.options.dead_letter_write_s)",
+        "pass  # MUTANT",
+        ("tests/test_cloudtasks_http.py::test_success_retry_delay_permanent_and_invalid_input",),
+    ),
+    Breakage(
+        "ct4",
+        "Cloud Tasks: the last attempt is refused when every slot is busy (Cloud Tasks would drop it)",
+        "worker/backends/cloudtasks/runner.py",
+        "if self._running >= self.options.concurrency and not last:",
+        "if self._running >= self.options.concurrency:  # MUTANT",
+        ("tests/test_cloudtasks_http.py::test_over_capacity_answers_503_but_the_last_attempt_waits",),
+    ),
 )
 
 
