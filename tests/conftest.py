@@ -10,7 +10,6 @@ import pytest
 import pytest_asyncio
 
 from tests.support.backends import Backend, start_localstack, start_moto
-from tests.support.cloudtasks import Emulator, start_emulator
 from tests.support.harness import make_queues
 from tests.support.idempotency import dynamodb_client
 from tests.support.logs import root_logging_restored
@@ -20,6 +19,8 @@ from worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.client import DynamoDBClient
+
+    from tests.support.cloudtasks import Emulator
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
@@ -50,6 +51,8 @@ def localstack_backend() -> Iterator[Backend]:
 @pytest.fixture(scope="session")
 def tasks_emulator() -> Iterator[Emulator]:
     """The gcloud-tasks-emulator (a local Cloud Tasks API), started once; each test makes its own queue."""
+    from tests.support.cloudtasks import start_emulator
+
     emulator = start_emulator()
     yield emulator
     emulator.stop()
