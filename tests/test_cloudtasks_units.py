@@ -230,3 +230,29 @@ def test_cli_says_what_is_missing_in_one_line(
     monkeypatch.setenv("WORKER_HANDLERS", "tests.support.handlers")
     assert main(["serve-tasks"]) == 2
     assert "WORKER_CLOUDTASKS_DEAD_LETTER_TABLE is not set" in capsys.readouterr().err
+
+
+def test_a_task_name_cloud_tasks_knows_already_is_reported_not_raised() -> None:
+    """Cloud Tasks answers ALREADY_EXISTS for a second task of a name (the emulator does not: a client that answers
+    as Cloud Tasks does stands in for it here)."""
+    from google.api_core import exceptions
+
+    from worker.backends.cloudtasks.producer import create_task, job_task
+    from worker.producer import Job
+
+    class AnswersAlreadyExists:
+        def __init__(self) -> None:
+            self.calls: list[dict[str, Any]] = []
+
+        def create_task(self, *, parent: str, task: dict[str, Any]) -> Any:
+            self.calls.append(task)
+            raise exceptions.AlreadyExists("Requested entity already exists")
+
+    ct = settings(shared_secret="s" * 16)
+    path, task = job_task(ct, "jobs", Job("send_email", {"to": "a@example.com"}, idempotency_key="welcome-a"))
+    client = AnswersAlreadyExists()
+    created = create_task(client, ct, path, task)
+    assert (created.name, created.created) == (f"{path}/tasks/{task_id('welcome-a')}", False)
+    assert client.calls == [task]
+    with pytest.raises(ConfigError, match="message groups"):
+        job_task(ct, "jobs", Job("send_email", group_id="g"))
