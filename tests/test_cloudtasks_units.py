@@ -246,7 +246,7 @@ def test_a_task_name_cloud_tasks_knows_already_is_reported_not_raised() -> None:
 
         def create_task(self, *, parent: str, task: dict[str, Any]) -> Any:
             self.calls.append(task)
-            raise exceptions.AlreadyExists("Requested entity already exists")
+            raise exceptions.AlreadyExists("Requested entity already exists")  # type: ignore[no-untyped-call]
 
     ct = settings(shared_secret="s" * 16)
     path, task = job_task(ct, "jobs", Job("send_email", {"to": "a@example.com"}, idempotency_key="welcome-a"))
