@@ -22,8 +22,8 @@ echo "== bandit"
 "$bandit" -q -r worker -c pyproject.toml
 echo "bandit: no findings"
 
-echo "== pip-audit (uv.lock: runtime dependencies + dev extra)"
-uv export --frozen --no-default-groups --extra dev --no-emit-project --format requirements-txt \
+echo "== pip-audit (uv.lock: runtime dependencies + dev and gcp extras)"
+uv export --frozen --no-default-groups --extra dev --extra gcp --no-emit-project --format requirements-txt \
     --quiet -o "$work/requirements.txt"
 set +e
 "$pip_audit" -r "$work/requirements.txt" --disable-pip --require-hashes --progress-spinner off \

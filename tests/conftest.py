@@ -20,6 +20,8 @@ from worker.settings import WorkerSettings
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb.client import DynamoDBClient
 
+    from tests.support.cloudtasks import Emulator
+
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_REGION", "us-east-1")
@@ -58,6 +60,16 @@ def localstack_backend() -> Iterator[Backend]:
 @pytest.fixture(scope="session")
 def memory_backend() -> Backend:
     return start_memory()
+
+
+@pytest.fixture(scope="session")
+def tasks_emulator() -> Iterator[Emulator]:
+    """The gcloud-tasks-emulator (a local Cloud Tasks API), started once; each test makes its own queue."""
+    from tests.support.cloudtasks import start_emulator
+
+    emulator = start_emulator()
+    yield emulator
+    emulator.stop()
 
 
 @pytest.fixture

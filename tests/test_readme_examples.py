@@ -34,6 +34,10 @@ NOT_RUN = {
         "./scripts/dev sets up the venv, then execs `sqs-worker dev` (checked below), which this test runs; "
         "./scripts/test runs the whole suite, this test among it"
     ),
+    "PROJECT=my-project REGION=europe-west1 IMAGE=europe-west1-docker.pkg.dev/my-project/jobs/worker:1": (
+        "deploys to Google Cloud (gcloud, a project); its retry flags are checked against queue_retry_config by "
+        "tests/test_cloudtasks_units.py, the service's settings by the same test"
+    ),
 }
 #: Commands that run until a signal: started in the background, stopped (SIGTERM) after the other examples.
 BACKGROUND = {"sqs-worker run"}

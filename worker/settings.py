@@ -58,6 +58,9 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WORKER_", env_file=".env", extra="ignore")
 
     queue: str = Field(description="Queue name or URL to consume.")
+    backend: Literal["sqs", "cloudtasks"] = Field(
+        default="sqs", description="sqs, or cloudtasks (Google Cloud Tasks; its settings are WORKER_CLOUDTASKS_*)."
+    )
     dead_letter_queue: str | None = Field(
         default=None, description="DLQ name or URL; default: the queue's redrive target, else '<queue>-dlq'."
     )

@@ -86,6 +86,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from worker.settings import aws_region, load_settings
 
     settings = load_settings()
+    if settings.backend == "cloudtasks":
+        raise ConfigError("WORKER_BACKEND=cloudtasks: Cloud Tasks pushes its tasks; run `sqs-worker serve-tasks`")
     aws_region()
     configure_logging(settings)
     import_handlers(settings.handlers)
@@ -107,6 +109,11 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     region = aws_region()
+    if settings.backend == "cloudtasks":
+        from worker.commands.tasks import bootstrap_tables
+
+        print("\n".join(asyncio.run(bootstrap_tables(region))) or "no tables configured")
+        return 0
     import_handlers(settings.handlers)
     max_receive_count = args.max_receive_count or settings.max_receive_count or default_max_receive_count()
     largest = max((spec.max_attempts for spec in default_registry.specs()), default=0)
@@ -189,6 +196,10 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     if not isinstance(payload, dict):
         raise ConfigError('--payload must be a JSON object, e.g. \'{"to": "a@example.com"}\'')
     settings = load_settings()
+    if settings.backend == "cloudtasks":
+        from worker.commands.tasks import cmd_enqueue_task
+
+        return cmd_enqueue_task(args, payload)
     client = sqs_client(aws_region())
     queue_url = resolve_queue_url_sync(client, settings.queue)
     message_id = enqueue(

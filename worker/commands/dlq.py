@@ -15,6 +15,7 @@ from typing import Any
 
 from worker.backends.aws import resolve_queue_url_sync, sync_client
 from worker.commands import plain_help
+from worker.errors import ConfigError
 from worker.names import queue_name_of
 from worker.observability.logs import configure_logging
 from worker.ops.dlq import (
@@ -69,12 +70,12 @@ def add_parser(subparsers: Any) -> None:
     listing = actions.add_parser("list", help="dead letters grouped by category and error, with counts")
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.add_argument("--limit", type=_positive, default=DEFAULT_READ_LIMIT, help="read at most N (default 1000)")
-    listing.set_defaults(func=run_list)
+    listing.set_defaults(func=_backend_switch(run_list))
 
     show = actions.add_parser("show", help="one dead letter: body and attributes")
     show.add_argument("id", help="the original message id or the DLQ message id")
     show.add_argument("--limit", type=_positive, default=DEFAULT_READ_LIMIT, help="search at most N (default 1000)")
-    show.set_defaults(func=run_show)
+    show.set_defaults(func=_backend_switch(run_show))
 
     redrive = actions.add_parser(
         "redrive", help="move the dead letters back to the queue (those in the DLQ when it starts, each once)"
@@ -85,7 +86,7 @@ def add_parser(subparsers: Any) -> None:
     redrive.add_argument(
         "--no-move-task", action="store_true", help="do not use StartMessageMoveTask; receive, send and delete"
     )
-    redrive.set_defaults(func=run_redrive)
+    redrive.set_defaults(func=_backend_switch(run_redrive))
 
     requeue_parser = actions.add_parser("requeue", help="send chosen dead letters back as fresh messages, audited")
     requeue_parser.add_argument("ids", nargs="*", metavar="ID", help="original or DLQ message ids")
@@ -93,11 +94,30 @@ def add_parser(subparsers: Any) -> None:
     requeue_parser.add_argument("--reason", required=True, help="why (kept on the message as requeue_reason)")
     requeue_parser.add_argument("--by", help="who (default: $USER)")
     requeue_parser.add_argument("--limit", type=_positive, default=DEFAULT_READ_LIMIT, help="read at most N")
-    requeue_parser.set_defaults(func=run_requeue)
+    requeue_parser.set_defaults(func=_backend_switch(run_requeue))
 
     purge = actions.add_parser("purge", help="delete every message in the dead-letter queue")
     purge.add_argument("--yes", action="store_true", help="required: purging cannot be undone")
-    purge.set_defaults(func=run_purge)
+    purge.set_defaults(func=_backend_switch(run_purge))
+
+
+def _backend_switch(action: Any) -> Any:
+    """``action`` on SQS; the dead-letter table's version of it with WORKER_BACKEND=cloudtasks."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            cloudtasks = load_settings().backend == "cloudtasks"
+        except ConfigError:  # the SQS command says what is missing, as it always did
+            cloudtasks = False
+        if cloudtasks:
+            from worker.backends.cloudtasks.dlq import run as run_cloudtasks
+
+            code: int = run_cloudtasks(args)
+            return code
+        result: int = action(args)
+        return result
+
+    return run
 
 
 def open_dlq() -> DeadLetterQueue:

@@ -104,6 +104,18 @@ async def check_table(client: Any, table: str) -> None:
         raise ConfigError(f"idempotency table {table!r}: {error}") from exc
 
 
+def check_registry(settings: WorkerSettings, registry: Registry) -> None:
+    """Handlers are registered, and idempotent ones have their table (every backend checks this at start)."""
+    if len(registry) == 0:
+        raise ConfigError("no job handlers registered: set WORKER_HANDLERS to the modules that define @job handlers")
+    guarded = [spec.name for spec in registry.specs() if spec.uses_ledger]
+    if guarded and not settings.idempotency_table:
+        raise ConfigError(
+            f"job(s) {', '.join(guarded)} are idempotent but WORKER_IDEMPOTENCY_TABLE is not set: "
+            "they would run unguarded"
+        )
+
+
 @contextlib.asynccontextmanager
 async def open_worker(
     settings: WorkerSettings,
@@ -113,14 +125,7 @@ async def open_worker(
     observers: Observers | None = None,
 ) -> AsyncIterator[Worker]:
     """A Worker wired to the configured queue, DLQ and (when configured) idempotency table."""
-    if len(registry) == 0:
-        raise ConfigError("no job handlers registered: set WORKER_HANDLERS to the modules that define @job handlers")
-    guarded = [spec.name for spec in registry.specs() if spec.uses_ledger]
-    if guarded and not settings.idempotency_table:
-        raise ConfigError(
-            f"job(s) {', '.join(guarded)} are idempotent but WORKER_IDEMPOTENCY_TABLE is not set: "
-            "they would run unguarded"
-        )
+    check_registry(settings, registry)
     connection = settings.aws().client_kwargs()
     config = client_config(settings)
     async with contextlib.AsyncExitStack() as stack:

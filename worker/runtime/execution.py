@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import random
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from worker.envelope import INVALID_PAYLOAD, UNKNOWN_TYPE, Envelope, describe_er
 from worker.errors import InvalidMessage
 from worker.jobs import JobSpec, Registry
 from worker.lifecycle import Resources
+from worker.policy import Decision, classify_failure, describe_error, error_text
 from worker.runtime.threads import JobThreads
 
 
@@ -108,6 +110,31 @@ async def call_handler(job: PreparedJob, context: JobContext, threads: JobThread
         owner=owner,
         log_fields={**context.extra(), "timeout_s": timeout_s},
     )
+
+
+def judge_failure(
+    job: PreparedJob, error: BaseException, *, attempt: int, max_attempts: int, rng: random.Random
+) -> tuple[Decision, str]:
+    """What a failed attempt means (``classify_failure`` with the job's options) and the error's text as events,
+    the ledger and dead-letter records carry it. Shared by every backend's runtime."""
+    spec = job.spec
+    decision = classify_failure(
+        error,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        permanent=spec.permanent,
+        bugs=spec.bugs,
+        backoff_base_s=spec.backoff_base_s,
+        backoff_max_s=spec.backoff_max_s,
+        rng=rng,
+    )
+    if isinstance(error, TimeoutError) and not error_text(error):
+        text = f"TimeoutError: the handler ran longer than timeout_s={spec.timeout_s:g}"
+    elif isinstance(error, asyncio.CancelledError):
+        text = describe_error(error) + " (raised by the handler itself)"
+    else:
+        text = describe_error(error)
+    return decision, text
 
 
 def result_for_ledger(result: Any) -> Any:

@@ -35,8 +35,15 @@ from worker.lifecycle import Resources, open_lifespans
 from worker.middleware import call_through
 from worker.observability.events import Kind, Observers
 from worker.observability.tracing import attempt_span
-from worker.policy import BUG, PERMANENT, Action, classify_failure, describe_error, error_text
-from worker.runtime.execution import PreparedJob, build_context, call_handler, prepare, result_for_ledger
+from worker.policy import BUG, PERMANENT, Action, describe_error
+from worker.runtime.execution import (
+    PreparedJob,
+    build_context,
+    call_handler,
+    judge_failure,
+    prepare,
+    result_for_ledger,
+)
 from worker.runtime.heartbeat import EXTEND_BELOW_SHARE, Heartbeat
 from worker.runtime.held import Connectivity, Held
 from worker.runtime.outcomes import Outcomes
@@ -483,23 +490,9 @@ class Worker:
         return await self.ledger.complete(claim, result=result)
 
     async def _failed(self, held: Held, job: PreparedJob, error: BaseException, duration_s: float) -> None:
-        spec = job.spec
-        decision = classify_failure(
-            error,
-            attempt=held.attempt,
-            max_attempts=spec.max_attempts,
-            permanent=spec.permanent,
-            bugs=spec.bugs,
-            backoff_base_s=spec.backoff_base_s,
-            backoff_max_s=spec.backoff_max_s,
-            rng=self._rng,
+        decision, text = judge_failure(
+            job, error, attempt=held.attempt, max_attempts=job.spec.max_attempts, rng=self._rng
         )
-        if isinstance(error, TimeoutError) and not error_text(error):
-            text = f"TimeoutError: the handler ran longer than timeout_s={spec.timeout_s:g}"
-        elif isinstance(error, asyncio.CancelledError):
-            text = describe_error(error) + " (raised by the handler itself)"
-        else:
-            text = describe_error(error)
         if decision.action is Action.RETRY:
             assert decision.delay_s is not None
             await self._ledger_settle(held, text, final=False)
