@@ -283,3 +283,38 @@ def _get(url: str) -> tuple[int, str]:
 
 def test_secret_is_compared_not_logged() -> None:
     assert len(SECRET) >= 16
+
+
+async def test_lifespans_and_middleware_serve_cloud_tasks_handlers_too(env: Backend, tmp_path: Any) -> None:
+    """The same handlers as on SQS: ctx.resources from a lifespan, the middleware around each job, the lifespan
+    stopped after the server."""
+    from collections.abc import AsyncIterator
+
+    from worker import JobContext
+    from worker.middleware import CallNext
+
+    table = await make_dead_letter_table(env.endpoint_url)
+    seen: list[str] = []
+    registry = Registry()
+
+    @registry.lifespan
+    async def pool() -> AsyncIterator[dict[str, Any]]:
+        seen.append("open")
+        yield {"pool": "the pool"}
+        seen.append("close")
+
+    @registry.middleware
+    async def around(ctx: JobContext, call_next: CallNext) -> Any:
+        seen.append(f"before {ctx.job_type}")
+        result = await call_next()
+        seen.append(f"after {result}")
+        return result
+
+    @registry.job("uses_pool")
+    async def uses_pool(payload: dict[str, Any], ctx: JobContext) -> str:
+        return str(ctx.resources["pool"])
+
+    async with serving(registry, queue="q", dead_letter_table=table, tmp_path=tmp_path) as server:
+        status, _, body = await call(server.url, envelope("uses_pool"), task_headers("t-pool"))
+        assert (status, body["outcome"]) == (200, "succeeded")
+    assert seen == ["open", "before uses_pool", "after the pool", "close"]

@@ -113,7 +113,7 @@ def attempt_span(held: Held, *, job_type: str, queue: str) -> Iterator[None]:
             "messaging.destination.name": queue,
             "messaging.message.id": message.message_id,
             "sqs_worker.job_type": job_type,
-            "sqs_worker.attempt": message.receive_count,
+            "sqs_worker.attempt": held.attempt,
         },
     )
     token = otel.context.attach(otel.trace.set_span_in_context(span))

@@ -11,6 +11,7 @@ letters go to the worker's own store (``deadletters``) since Cloud Tasks has non
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
@@ -32,6 +33,8 @@ from worker.backends.cloudtasks.deadletters import DeadLetterStore, make_record
 from worker.envelope import INVALID_MESSAGE
 from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable, RetryableError
 from worker.jobs import Registry
+from worker.lifecycle import Resources
+from worker.middleware import call_through
 from worker.observability.events import Event, Kind, Observers
 from worker.policy import BUG, EXHAUSTED, PERMANENT, Action, describe_error
 from worker.runtime.execution import (
@@ -80,8 +83,10 @@ class TaskRunner:
         ledger: Ledger | None = None,
         threads: JobThreads | None = None,
         rng: random.Random | None = None,
+        resources: Resources | None = None,
     ) -> None:
         self.registry = registry
+        self.resources = resources if resources is not None else Resources()
         self.options = options
         self.dead_letters = dead_letters
         self.observers = observers or Observers()
@@ -190,14 +195,17 @@ class TaskRunner:
             def progress(percent: float, note: str | None) -> None:
                 ledger.progress(running, percent, note)
 
-        context = build_context(job, message_id=request.task_name, attempt=request.attempt, progress=progress)
+        context = build_context(
+            job, message_id=request.task_name, attempt=request.attempt, progress=progress, resources=self.resources
+        )
         context.max_attempts = max_attempts
         if claim is not None and job.envelope.idempotency_key is None:
             context.idempotency_key = claim.key
         self._emit(Kind.STARTED, request, name)
         started = time.monotonic()
         try:
-            result = await call_handler(job, context, self.threads, owner=request)
+            handler = functools.partial(call_handler, job, context, self.threads, owner=request)
+            result = await call_through(self.registry.middlewares, context, handler)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():  # shutdown past the grace

@@ -34,6 +34,7 @@ from worker.backends.cloudtasks.runner import RunnerOptions, TaskRunner
 from worker.backends.cloudtasks.settings import CloudTasksSettings, load_cloudtasks_settings
 from worker.errors import ConfigError
 from worker.jobs import Registry
+from worker.lifecycle import open_lifespans
 from worker.names import queue_name_of
 from worker.observability.events import Observer, Observers
 from worker.observability.health import HealthObserver
@@ -175,6 +176,8 @@ async def open_runner(
             await check_table(dynamodb, settings.idempotency_table)
             ledger = Ledger(dynamodb, settings.idempotency_table, owner=worker_id())
             stack.push_async_callback(ledger.aclose)
+        # the lifespans stop after the runner drained (the caller's block ends after ``drain``)
+        resources = await stack.enter_async_context(open_lifespans(registry.lifespans))
         yield TaskRunner(
             registry=registry,
             options=RunnerOptions(
@@ -186,6 +189,7 @@ async def open_runner(
             dead_letters=DeadLetterStore(dynamodb, cloudtasks.dead_letter_table, queue),
             observers=observers,
             ledger=ledger,
+            resources=resources,
         )
 
 
