@@ -24,7 +24,7 @@
       if (sparks[q.name]) { sparks[q.name].setData(data); continue; }
       sparks[q.name] = new uPlot({
         width: 220, height: 36, legend: { show: false }, cursor: { show: false },
-        axes: [{ show: false }, { show: false }], scales: { x: { time: true } },
+        axes: [{ show: false }, { show: false }], scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(1, max)] } },
         series: [{}, { stroke: q.role === "dlq" ? colors.dead_lettered : "#2f6fde", fill: "rgba(47,111,222,.08)", width: 1.5 }],
       }, data, el);
     }
@@ -34,7 +34,11 @@
       const el = document.querySelector(`[data-series="${name}"]`);
       chart(el, name, [s.t, s[name]], {
         width: Math.max(240, el.clientWidth - 4), height: 160, legend: { show: false },
-        scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(1, max)] } },
+        scales: {
+          x: { time: true, range: () => { const now = Date.now() / 1000; return [now - 3600, now]; } },
+          y: { range: (u, min, max) => [0, Math.max(5, max)] },
+        },
+        axes: [{}, { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }],
         series: [{}, { stroke: colors[name], fill: colors[name] + "22", width: 2, paths: uPlot.paths.bars({ size: [0.8, 12] }) }],
       });
     }
