@@ -67,7 +67,7 @@ async def test_sources_list_failed_jobs_live_workers_and_the_audit_trail_by_quer
     live = presence_item(owner="alive", queue="q", concurrency=8, busy=3, counts={"succeeded": 5}, now_s=now_s)
     gone = presence_item(owner="gone", queue="q", concurrency=8, busy=0, counts={}, now_s=now_s - PRESENCE_STALE_S - 5)
     for item in (live, gone):
-        await dynamodb.put_item(TableName=table, Item=item)  # type: ignore[arg-type]
+        await dynamodb.put_item(TableName=table, Item=item)
 
     sources = Sources(settings)
     failed = sources.recent_jobs("FAILED")
