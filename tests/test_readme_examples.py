@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ NOT_RUN = {
     ),
 }
 #: Commands that run until a signal: started in the background, stopped (SIGTERM) after the other examples.
-BACKGROUND = {"sqs-worker run"}
+BACKGROUND = {"sqs-worker run", "sqs-worker dashboard --port 8282"}
 #: Inline commands of the README's prose that are run too, after the fenced blocks (not the CLI table's synopses).
 INLINE_COMMANDS = re.compile(r"`(sqs-worker enqueue \w+ --payload '[^`']+')`")
 
@@ -205,9 +206,14 @@ def test_readme_examples_run_as_written(dev_server: dict[str, str], tmp_path: Pa
         assert [e["job_type"] for e in succeeded] == ["send_email"] * expected
         wait_until(lambda: queue_counts(env, env["WORKER_QUEUE"]) == 0, 10, "the queue to be empty")
         assert queue_counts(env, env["WORKER_QUEUE"] + "-dlq") == 0
+        dashboard_log = folder / "sqs-worker-dashboard---port-8282.log"
+        wait_until(lambda: "http://127.0.0.1:8282/" in dashboard_log.read_text(), 30, "the README's dashboard")
+        with urllib.request.urlopen("http://127.0.0.1:8282/", timeout=10) as page:
+            assert "Overview" in page.read().decode()
     finally:
-        if (folder / "sqs-worker-run.pid").is_file():
-            stop_background(folder, "sqs-worker-run")
+        for name in ("sqs-worker-run", "sqs-worker-dashboard---port-8282"):
+            if (folder / f"{name}.pid").is_file():
+                stop_background(folder, name)
 
 
 def stop_background(folder: Path, name: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -71,11 +72,19 @@ async def serve_dashboard(
     class Server(uvicorn.Server):  # type: ignore[misc,name-defined]
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
-            if handle_signals:
-                with super().capture_signals():
-                    yield
-            else:  # beside the worker, whose own handlers set ``stop``
+            """SIGINT/SIGTERM end the serving and the command exits 0, as ``run`` does (uvicorn's own handling
+            re-raises the signal, exiting 143). Beside the worker its handlers set ``stop`` instead."""
+            if not handle_signals:
                 yield
+                return
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, self.handle_exit, signum, None)
+            try:
+                yield
+            finally:
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(signum)
 
     server = Server(config)
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)  # its start-up chatter; errors still show
