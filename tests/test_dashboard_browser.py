@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -173,7 +174,9 @@ def test_overview_shows_the_queue_counts_and_the_workers_page_the_live_worker(
     assert cell(page, dlq, "visible") == str(counts["ApproximateNumberOfMessages"]) == "6"
     assert cell(page, dlq, "in_flight") == "0"
     assert cell(page, queue, "visible") == "0"
-    page.wait_for_timeout(2500)  # two more samples for the sparklines and the chart
+    assert page.locator(".chart canvas").count() == 3  # uPlot, served by the dashboard itself, drew the charts
+    assert page.locator(".spark canvas").count() == 2
+    page.wait_for_timeout(2500)  # two more samples for the sparklines
     shot(page, "overview", tmp_path)
     page.goto(f"{stack.url}workers")
     page.wait_for_selector("#workers tbody tr td:has-text('/ 10')")
@@ -283,3 +286,30 @@ def test_the_dashboard_refuses_to_listen_beyond_loopback_without_a_token(stack: 
     assert "WORKER_DASHBOARD_TOKEN" in result.stderr
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen("http://127.0.0.1:1/", timeout=1)
+
+
+def test_without_actions_the_dashboard_is_read_only(stack: Stack, tmp_path: Path) -> None:
+    env = worker_env(
+        stack.endpoint_url, TMP=str(tmp_path), WORKER_QUEUE=stack.queues.queue_url.rsplit("/", 1)[-1]
+    )  # no token (loopback), no WORKER_DASHBOARD_ACTIONS
+    log = tmp_path / "readonly.log"
+    process = start("dashboard", "--port", "0", env=env, stderr_path=log)
+    try:
+        wait_until(lambda: _url_from(log) is not None, 30, "the read-only dashboard to listen")
+        url = _url_from(log)
+        assert url is not None
+        with urllib.request.urlopen(f"{url}dead-letters", timeout=10) as response:
+            html = response.read().decode()
+        assert "read-only" in html
+        match = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+        assert match is not None
+        form = urllib.parse.urlencode({"csrf": match.group(1), "action": "purge", "confirmed": "yes", "reason": "x"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}dead-letters/action", data=form.encode(), timeout=10)
+        assert refused.value.code == 403
+        assert "read-only" in refused.value.read().decode()
+        with urllib.request.urlopen(f"{url}healthz", timeout=10) as response:
+            assert response.status == 200
+    finally:
+        _stop(process)
+    assert message_count(stack.sqs, stack.queues.dlq_url) == 4  # nothing purged
