@@ -74,6 +74,12 @@ def dev_server(tmp_path: Path) -> Iterator[dict[str, str]]:
     try:
         wait_until(lambda: "Stop with Ctrl-C." in log_path.read_text(), 60, "the dev banner")
         exports = banner_exports(log_path.read_text())
+        # `sqs-worker dev` starts the dashboard beside the worker and prints its URL
+        wait_until(lambda: "dashboard at http://127.0.0.1:" in log_path.read_text(), 30, "the dev dashboard")
+        dashboard = re.search(r"dashboard at (http://\S+)", log_path.read_text())
+        assert dashboard is not None
+        with urllib.request.urlopen(dashboard.group(1), timeout=10) as page:
+            assert "Overview" in page.read().decode()
         yield run_bash(exports, shell, cwd=home)
     finally:
         dev.send_signal(signal.SIGINT)
