@@ -5,6 +5,7 @@ presence items) and the audit trail."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from uuid import uuid4
 
@@ -80,3 +81,30 @@ async def test_sources_list_failed_jobs_live_workers_and_the_audit_trail_by_quer
     sources.record_audit(who="ada", action="purge", why="test data", count=4, detail="purged")
     again = Sources(settings)  # kept in the table: another dashboard process sees it
     assert [(a.who, a.action, a.why, a.count) for a in again.audit_trail()] == [("ada", "purge", "test data", 4)]
+
+
+def test_the_overview_charts_the_workers_cloudwatch_metrics_when_they_are_published(
+    backend: Backend, queues: Created
+) -> None:
+    import boto3
+
+    from worker.observability.events import Event, Kind
+    from worker.observability.metrics import MetricBuffer, metric_data
+
+    sources = Sources(DashboardSettings())
+    assert sources.published_series(now=datetime.now(UTC)) is None  # nothing published: the dashboard samples
+    buffer = MetricBuffer()
+    queue = sources.queue_name
+    for kind in (Kind.SUCCEEDED, Kind.SUCCEEDED, Kind.RETRY_SCHEDULED):
+        buffer.record(Event(kind, queue, str(uuid4()), job_type="send_email", duration_s=0.1))
+    cloudwatch = boto3.client("cloudwatch", endpoint_url=backend.endpoint_url, region_name="us-east-1")
+    data = metric_data(buffer.drain(), queue=queue, timestamp=time.time() - 30)
+    # The worker also publishes each count per JobType; AWS matches a query's dimensions exactly, LocalStack adds
+    # the datums of every superset too: the per-queue datums alone make the expected sums hold on both.
+    per_queue = [datum for datum in data if [d["Name"] for d in datum["Dimensions"]] == ["Queue"]]
+    cloudwatch.put_metric_data(Namespace="SqsWorker", MetricData=per_queue)
+    fresh = Sources(DashboardSettings())  # the answer is cached for a minute: a new dashboard asks again
+    series = fresh.published_series(now=datetime.now(UTC))
+    assert series is not None
+    assert sum(value for _, value in series["succeeded"]) == 2
+    assert sum(value for _, value in series["retried"]) == 1

@@ -50,6 +50,28 @@ READ_LIMIT = 500
 SERIES = {"succeeded": JOBS_SUCCEEDED, "retried": JOBS_RETRIED, "dead_lettered": JOBS_DEAD_LETTERED}
 
 
+#: CloudWatch's datapoints are per minute: the dashboard asks again at most this often (each ask costs money).
+METRICS_CACHE_S = 60.0
+
+
+class CachedStatistics:
+    """GetMetricStatistics answers kept METRICS_CACHE_S per metric and dimensions (``ops.stats`` asks per refresh)."""
+
+    def __init__(self, cloudwatch: Any, *, clock: Any = time.monotonic) -> None:
+        self._cloudwatch = cloudwatch
+        self._clock = clock
+        self._answers: dict[str, tuple[float, Any]] = {}
+
+    def get_metric_statistics(self, **kwargs: Any) -> Any:
+        key = json.dumps([kwargs.get("MetricName"), kwargs.get("Dimensions")], sort_keys=True)
+        cached = self._answers.get(key)
+        if cached is not None and self._clock() - cached[0] < METRICS_CACHE_S:
+            return cached[1]
+        answer = self._cloudwatch.get_metric_statistics(**kwargs)
+        self._answers[key] = (self._clock(), answer)
+        return answer
+
+
 @dataclass(frozen=True)
 class AuditEntry:
     at: str
@@ -85,18 +107,27 @@ class Sources:
         self.dlq_url = resolve_dlq_url(self.sqs, self.queue_url, settings.dead_letter_queue)
         self.queue_name = queue_name_of(self.queue_url)
         self._memory_audit: list[AuditEntry] = []
+        self._statistics = CachedStatistics(self.cloudwatch)
+        self._series: tuple[float, dict[str, list[tuple[int, float]]] | None] | None = None
 
     # -- queues and metrics
 
     def queues(self) -> list[QueueStats]:
         return [
-            queue_stats(self.sqs, self.queue_url, role="queue", cloudwatch=self.cloudwatch),
-            queue_stats(self.sqs, self.dlq_url, role="dlq", cloudwatch=self.cloudwatch),
+            queue_stats(self.sqs, self.queue_url, role="queue", cloudwatch=self._statistics),
+            queue_stats(self.sqs, self.dlq_url, role="dlq", cloudwatch=self._statistics),
         ]
 
     def published_series(self, *, now: datetime) -> dict[str, list[tuple[int, float]]] | None:
         """Jobs per minute over the last hour from the worker's CloudWatch metrics, or None when none were
-        published (WORKER_METRICS=off, an emulator, no permission)."""
+        published (WORKER_METRICS=off, an emulator, no permission). Asked at most once per METRICS_CACHE_S."""
+        if self._series is not None and time.monotonic() - self._series[0] < METRICS_CACHE_S:
+            return self._series[1]
+        series = self._published_series(now=now)
+        self._series = (time.monotonic(), series)
+        return series
+
+    def _published_series(self, *, now: datetime) -> dict[str, list[tuple[int, float]]] | None:
         queries = [
             {
                 "Id": f"m{index}",
