@@ -235,6 +235,18 @@ def test_requeue_moves_exactly_the_selected_dead_letters_and_the_audit_shows_it(
     shot(page, "audit", tmp_path)
 
 
+def test_requeue_by_group_moves_that_group_only(page: Any, stack: Stack) -> None:
+    page.goto(f"{stack.url}dead-letters")
+    page.locator("#groups tr:has-text('image too large') button").click()
+    page.fill("#reason", "resizer memory raised")
+    page.click("#confirm-button")
+    assert "moved 2 of 2" in page.inner_text("#done")
+    assert message_count(stack.sqs, stack.queues.dlq_url) == 2
+    assert queue_counts(stack.sqs, stack.queues.queue_url)["ApproximateNumberOfMessages"] == 4
+    assert "image too large" not in page.inner_text("#letters")
+    assert "resizer memory raised" in page.locator("#audit tbody tr").first.inner_text()
+
+
 def test_jobs_and_schedules_pages(page: Any, stack: Stack, tmp_path: Path) -> None:
     page.goto(f"{stack.url}jobs?key=build_report:q3-sales")
     record = page.inner_text("#record")
@@ -274,7 +286,7 @@ def test_a_wrong_token_gets_401_and_a_post_without_csrf_gets_403(browser: Any, s
         assert "CSRF" in response.text()
     finally:
         context.close()
-    assert message_count(stack.sqs, stack.queues.dlq_url) == 4  # nothing purged
+    assert message_count(stack.sqs, stack.queues.dlq_url) == 2  # nothing purged
 
 
 def test_the_dashboard_refuses_to_listen_beyond_loopback_without_a_token(stack: Stack) -> None:
@@ -312,4 +324,4 @@ def test_without_actions_the_dashboard_is_read_only(stack: Stack, tmp_path: Path
             assert response.status == 200
     finally:
         _stop(process)
-    assert message_count(stack.sqs, stack.queues.dlq_url) == 4  # nothing purged
+    assert message_count(stack.sqs, stack.queues.dlq_url) == 2  # nothing purged
