@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
@@ -56,6 +57,7 @@ class Dashboard:
         self.sources = sources
         self.gate = gate
         self.history = History()
+        self._history_lock = threading.Lock()  # sampled in one thread, read by the requests' threads
         self.redactor = Redactor(settings.redact_fields)
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))
         self.templates.env.filters["age"] = format_age
@@ -85,21 +87,24 @@ class Dashboard:
     def sample_once(self) -> None:
         now_s = int(time.time())
         stats = self.sources.queues()
-        for row in stats:
-            self.history.sample_depth(row.name, row.visible + row.in_flight + row.delayed, now_s=now_s)
-        reported = self.history.sample_workers(
-            {w.owner: w.counts for w in self.sources.workers()} if self.sources.table else {}, now_s=now_s
-        )
-        self.history.sample_dlq(stats[1].visible + stats[1].in_flight, now_s=now_s, count_dead_letters=not reported)
+        workers = {w.owner: w.counts for w in self.sources.workers()} if self.sources.table else {}
+        with self._history_lock:
+            for row in stats:
+                self.history.sample_depth(row.name, row.visible + row.in_flight + row.delayed, now_s=now_s)
+            reported = self.history.sample_workers(workers, now_s=now_s)
+            dlq = stats[1]
+            self.history.sample_dlq(dlq.visible + dlq.in_flight, now_s=now_s, count_dead_letters=not reported)
 
     def overview(self) -> dict[str, Any]:
         now = datetime.now(UTC)
         stats = self.sources.queues()
         published = self.sources.published_series(now=now)
-        series = published or self.history.series(now_s=int(now.timestamp()))
+        with self._history_lock:
+            series = published or self.history.series(now_s=int(now.timestamp()))
+            depth = {name: [list(p) for p in points] for name, points in self.history.depth.items()}
         return {
             "queues": [{**asdict(row), "oldest": format_age(row.oldest_age_s)} for row in stats],
-            "depth": {name: [list(p) for p in points] for name, points in self.history.depth.items()},
+            "depth": depth,
             "series_source": "CloudWatch metrics" if published else "sampled by this dashboard",
             "series": columns(series),
         }
@@ -157,7 +162,7 @@ async def _checked_form(request: Request) -> FormData | Response:
 
 async def overview_page(request: Request) -> Response:
     data = await asyncio.to_thread(_dash(request).overview)
-    return _dash(request).render(request, "overview.html", data=data, data_json=json.dumps(data))
+    return _dash(request).render(request, "overview.html", data=data)
 
 
 async def overview_api(request: Request) -> Response:
