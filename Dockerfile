@@ -7,7 +7,8 @@
 # uv, pinned to the version that wrote uv.lock; only its binary is copied out.
 FROM ghcr.io/astral-sh/uv:0.13.8 AS uv
 
-# Builder: install the locked runtime dependencies (no dependency groups, no extras) and the worker into /opt/venv.
+# Builder: install the locked runtime dependencies (no dependency groups; the dashboard extra, so the image can
+# run `sqs-worker dashboard`) and the worker into /opt/venv.
 FROM python:3.11.14-slim-bookworm AS builder
 COPY --from=uv /uv /usr/local/bin/uv
 ENV UV_PROJECT_ENVIRONMENT=/opt/venv \
@@ -19,9 +20,9 @@ ENV UV_PROJECT_ENVIRONMENT=/opt/venv \
 WORKDIR /src
 # Dependencies first, in their own layer: rebuilt only when the lock changes.
 COPY pyproject.toml uv.lock README.md ./
-RUN uv sync --frozen --no-default-groups --no-editable --no-install-project
+RUN uv sync --frozen --no-default-groups --extra dashboard --no-editable --no-install-project
 COPY worker ./worker
-RUN uv sync --frozen --no-default-groups --no-editable \
+RUN uv sync --frozen --no-default-groups --extra dashboard --no-editable \
     && /opt/venv/bin/sqs-worker --help >/dev/null
 
 # Runtime: the same base as the builder (the venv links its Python), the venv alone, a non-root numeric user.

@@ -38,3 +38,22 @@ ensure_venv() {
     python="$(find_python)"
     (cd "$ROOT" && uv sync --frozen --all-extras --python "$python" --quiet)
 }
+
+# The dashboard's browser tests drive Debian's chromium (Playwright against the system browser: no browser
+# download). Installed with apt-get when missing (root, or sudo without a password).
+ensure_chromium() {
+    if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+        return 0
+    fi
+    local sudo=""
+    if [[ "$(id -u)" != "0" ]]; then
+        if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+            sudo="sudo -n"
+        else
+            echo "the dashboard's browser tests need chromium: apt-get install -y chromium (as root)" >&2
+            return 1
+        fi
+    fi
+    echo "installing chromium (apt-get) for the dashboard's browser tests" >&2
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+}

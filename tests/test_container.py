@@ -157,7 +157,8 @@ def test_builder_installs_the_locked_runtime_set_only(stages: list[Stage]) -> No
         assert "--no-default-groups" in run, "the test dependency group must stay out of the image"
         assert "--no-editable" in run, "the runtime stage copies the venv, not the source"
         assert "--all-extras" not in run
-        assert "--extra" not in run
+        assert "--extra dashboard" in run, "the image runs `sqs-worker dashboard` too"
+        assert "--extra" not in run.replace("--extra dashboard", ""), "only the dashboard extra (not moto's dev)"
 
 
 def test_runtime_runs_as_a_numeric_non_root_user(runtime: Stage) -> None:
@@ -238,8 +239,9 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp_path_factory.mktemp("image") / "venv"
     uv = shutil.which("uv")
     assert uv is not None, "uv must be on PATH"
+    image_sync = ["sync", "--frozen", "--no-default-groups", "--extra", "dashboard", "--no-editable", "--quiet"]
     subprocess.run(
-        [uv, "sync", "--frozen", "--no-default-groups", "--no-editable", "--python", sys.executable, "--quiet"],
+        [uv, *image_sync, "--python", sys.executable],
         cwd=REPO_ROOT,
         env={**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)},
         check=True,
@@ -268,6 +270,7 @@ def run_in_image(venv: Path, *args: str, **env: str) -> subprocess.CompletedProc
         (("sqs-worker", "--help"), "run"),
         (("sqs-worker", "run", "--help"), "usage: sqs-worker run"),
         (("sqs-worker", "health", "--help"), "--check"),
+        (("sqs-worker", "dashboard", "--help"), "WORKER_DASHBOARD_TOKEN"),
     ],
 )
 def test_entrypoint_command_works_from_the_installed_package(
@@ -287,6 +290,17 @@ def test_installed_package_is_not_the_source_tree_and_has_no_test_tools(image_ve
     location, missing = result.stdout.splitlines()
     assert Path(location).is_relative_to(image_venv), location
     assert missing == "None None"
+
+
+def test_installed_package_carries_the_dashboard_templates_and_vendored_charts(image_venv: Path) -> None:
+    probe = (
+        "import worker.dashboard.app as a; "
+        "print(all((a.HERE / p).is_file() for p in ('templates/base.html', 'static/uplot/uPlot.iife.min.js', "
+        "'static/uplot/LICENSE', 'static/dashboard.js')))"
+    )
+    result = run_in_image(image_venv, "python", "-c", probe)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
 
 
 def test_healthcheck_exit_codes_follow_the_liveness_file(image_venv: Path, tmp_path: Path) -> None:

@@ -61,7 +61,11 @@ def new_key() -> str:
 async def test_create_table_is_on_demand_with_ttl_and_repeatable(dynamodb: DynamoDBClient, table: str) -> None:
     described = (await dynamodb.describe_table(TableName=table))["Table"]
     assert described["KeySchema"] == [{"AttributeName": "key", "KeyType": "HASH"}]
-    assert described["AttributeDefinitions"] == [{"AttributeName": "key", "AttributeType": "S"}]
+    assert {a["AttributeName"]: a["AttributeType"] for a in described["AttributeDefinitions"]} == {
+        "key": "S",
+        "status": "S",  # the status index (the dashboard's lists): tests/test_dashboard_ledger.py
+        "updated_at": "N",
+    }
     assert described["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
     ttl = (await dynamodb.describe_time_to_live(TableName=table))["TimeToLiveDescription"]
     assert ttl["TimeToLiveStatus"] == "ENABLED"

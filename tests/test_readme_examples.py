@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ NOT_RUN = {
     ),
 }
 #: Commands that run until a signal: started in the background, stopped (SIGTERM) after the other examples.
-BACKGROUND = {"sqs-worker run"}
+BACKGROUND = {"sqs-worker run", "sqs-worker dashboard --port 8282"}
 #: Inline commands of the README's prose that are run too, after the fenced blocks (not the CLI table's synopses).
 INLINE_COMMANDS = re.compile(r"`(sqs-worker enqueue \w+ --payload '[^`']+')`")
 
@@ -77,6 +78,12 @@ def dev_server(tmp_path: Path) -> Iterator[dict[str, str]]:
     try:
         wait_until(lambda: "Stop with Ctrl-C." in log_path.read_text(), 60, "the dev banner")
         exports = banner_exports(log_path.read_text())
+        # `sqs-worker dev` starts the dashboard beside the worker and prints its URL
+        wait_until(lambda: "dashboard at http://127.0.0.1:" in log_path.read_text(), 30, "the dev dashboard")
+        dashboard = re.search(r"dashboard at (http://\S+)", log_path.read_text())
+        assert dashboard is not None
+        with urllib.request.urlopen(dashboard.group(1), timeout=10) as page:
+            assert "Overview" in page.read().decode()
         yield run_bash(exports, shell, cwd=home)
     finally:
         dev.send_signal(signal.SIGINT)
@@ -209,9 +216,14 @@ def test_readme_examples_run_as_written(dev_server: dict[str, str], tmp_path: Pa
         assert [e["job_type"] for e in succeeded] == ["send_email"] * expected
         wait_until(lambda: queue_counts(env, env["WORKER_QUEUE"]) == 0, 10, "the queue to be empty")
         assert queue_counts(env, env["WORKER_QUEUE"] + "-dlq") == 0
+        dashboard_log = folder / "sqs-worker-dashboard---port-8282.log"
+        wait_until(lambda: "http://127.0.0.1:8282/" in dashboard_log.read_text(), 30, "the README's dashboard")
+        with urllib.request.urlopen("http://127.0.0.1:8282/", timeout=10) as page:
+            assert "Overview" in page.read().decode()
     finally:
-        if (folder / "sqs-worker-run.pid").is_file():
-            stop_background(folder, "sqs-worker-run")
+        for name in ("sqs-worker-run", "sqs-worker-dashboard---port-8282"):
+            if (folder / f"{name}.pid").is_file():
+                stop_background(folder, name)
 
 
 def stop_background(folder: Path, name: str) -> None:

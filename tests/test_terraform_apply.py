@@ -73,6 +73,7 @@ def test_idempotency_table_is_as_declared(applied: Applied) -> None:
     dynamodb = applied.client("dynamodb")
     table = dynamodb.describe_table(TableName=applied.outputs["idempotency_table_name"])["Table"]
     assert table["KeySchema"] == [{"AttributeName": "key", "KeyType": "HASH"}]
+    assert [index["IndexName"] for index in table.get("GlobalSecondaryIndexes", [])] == ["status-updated_at"]
     assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
     ttl = dynamodb.describe_time_to_live(TableName=table["TableName"])["TimeToLiveDescription"]
     assert ttl == {"TimeToLiveStatus": "ENABLED", "AttributeName": "expiration"}

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "worker.commands.status",
     "worker.commands.schedules",
     "worker.commands.tasks",
+    "worker.commands.dashboard",
 )
 
 

@@ -81,6 +81,7 @@ async def _dev(settings: WorkerSettings, *, demo: bool) -> int:
     if settings.schedules_file:
         companions.append(_scheduler(connection, settings.schedules_file, created.queue_url))
         schedules_note = f"firing the schedules of {settings.schedules_file} on time"
+    companions.append(_dashboard(settings))
     print(
         f"""
 sqs-worker dev: local AWS at {connection.endpoint_url}
@@ -139,6 +140,34 @@ async def _ensure_table(connection: AwsConnection, name: str) -> None:
 
     async with async_client("dynamodb", connection=connection.client_kwargs()) as client:
         await create_table(client, name)
+
+
+def _dashboard(settings: WorkerSettings) -> Companion:
+    """The web dashboard beside the worker, actions enabled (a local sandbox); its URL printed once it listens."""
+
+    async def companion(stop: asyncio.Event) -> None:
+        from worker.dashboard.config import DashboardSettings
+        from worker.dashboard.serve import serve_dashboard
+        from worker.errors import ConfigError
+
+        values = {"dashboard_actions": True, **settings.model_dump(exclude_unset=False)}
+        dash = load_settings(DashboardSettings, **values).with_aws(settings.aws())
+
+        def listening(url: str) -> None:
+            print(f"sqs-worker dev: dashboard at {url}", file=sys.stderr, flush=True)
+
+        try:
+            try:
+                await serve_dashboard(dash, stop=stop, on_listening=listening, handle_signals=False)
+            except ConfigError as exc:
+                if "cannot listen" not in str(exc):
+                    raise
+                dash = dash.model_copy(update={"dashboard_port": 0})
+                await serve_dashboard(dash, stop=stop, on_listening=listening, handle_signals=False)
+        except ConfigError as exc:
+            print(f"sqs-worker dev: no dashboard: {exc}", file=sys.stderr, flush=True)
+
+    return companion
 
 
 def _scheduler(connection: AwsConnection, path: str, queue_url: str) -> Companion:

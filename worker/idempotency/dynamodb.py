@@ -41,6 +41,22 @@ if TYPE_CHECKING:
 KEY_ATTRIBUTE = "key"
 #: The TTL attribute (epoch seconds).
 TTL_ATTRIBUTE = "expiration"
+#: The index that lists items by ``status`` (IN_PROGRESS, FAILED, ..., and the dashboard's WORKER and AUDIT
+#: items), newest ``updated_at`` first: the dashboard's lists are Queries of it, never Scans. Terraform's table
+#: has the same index.
+STATUS_INDEX = "status-updated_at"
+STATUS_INDEX_PROJECTED = (
+    "job_type",
+    "attempts",
+    "last_error",
+    "progress",
+    "progress_note",
+    "lease_expires_at_ms",
+    "owner",
+    "expiration",
+    "created_at",
+    "detail",
+)
 
 _NAME = re.compile(r"#(\w+)")
 _VALUE = re.compile(r":(\w+)")
@@ -192,8 +208,27 @@ class DynamoDBStore:
         return LedgerUnavailable(str(translate(exc, operation, service="dynamodb", resource=self.table_name)))
 
 
+def status_index() -> Any:
+    """The GlobalSecondaryIndex definition of STATUS_INDEX (hash ``status``, range ``updated_at``)."""
+    return {
+        "IndexName": STATUS_INDEX,
+        "KeySchema": [
+            {"AttributeName": "status", "KeyType": "HASH"},
+            {"AttributeName": "updated_at", "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": list(STATUS_INDEX_PROJECTED)},
+    }
+
+
+_INDEX_ATTRIBUTES: list[Any] = [
+    {"AttributeName": "status", "AttributeType": "S"},
+    {"AttributeName": "updated_at", "AttributeType": "N"},
+]
+
+
 async def create_table(client: DynamoDBClient, name: str, *, wait_s: float = 120.0) -> bool:
-    """Create the ledger table (on-demand billing, partition key ``key`` (S), TTL on ``expiration``).
+    """Create the ledger table (on-demand billing, partition key ``key`` (S), TTL on ``expiration``, the index
+    STATUS_INDEX; an existing table without the index gets it added).
 
     Failures are translated by the edge's table: ConfigError (credentials, access), LedgerUnavailable (the rest).
 
@@ -204,8 +239,9 @@ async def create_table(client: DynamoDBClient, name: str, *, wait_s: float = 120
     try:
         await client.create_table(
             TableName=name,
-            AttributeDefinitions=[{"AttributeName": KEY_ATTRIBUTE, "AttributeType": "S"}],
+            AttributeDefinitions=[{"AttributeName": KEY_ATTRIBUTE, "AttributeType": "S"}, *_INDEX_ATTRIBUTES],
             KeySchema=[{"AttributeName": KEY_ATTRIBUTE, "KeyType": "HASH"}],
+            GlobalSecondaryIndexes=[status_index()],
             BillingMode="PAY_PER_REQUEST",
         )
     except ClientError as exc:
@@ -220,6 +256,8 @@ async def create_table(client: DynamoDBClient, name: str, *, wait_s: float = 120
         await waiter.wait(
             TableName=name, WaiterConfig={"Delay": int(delay_s), "MaxAttempts": max(1, int(wait_s / delay_s))}
         )
+        if not created:
+            await _ensure_status_index(client, name)
         ttl = await client.describe_time_to_live(TableName=name)
         description = ttl.get("TimeToLiveDescription", {})
         if description.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
@@ -229,3 +267,15 @@ async def create_table(client: DynamoDBClient, name: str, *, wait_s: float = 120
     except (ClientError, *_CONNECTION_ERRORS) as exc:
         raise translate(exc, "UpdateTimeToLive", service="dynamodb", resource=name) from exc
     return created
+
+
+async def _ensure_status_index(client: DynamoDBClient, name: str) -> None:
+    """Add STATUS_INDEX to a table made before it existed (DynamoDB backfills it in the background)."""
+    table = (await client.describe_table(TableName=name)).get("Table", {})
+    if any(index.get("IndexName") == STATUS_INDEX for index in table.get("GlobalSecondaryIndexes", [])):
+        return
+    await client.update_table(
+        TableName=name,
+        AttributeDefinitions=_INDEX_ATTRIBUTES,
+        GlobalSecondaryIndexUpdates=[{"Create": status_index()}],
+    )

@@ -19,6 +19,7 @@ from worker.observability.logs import LogObserver
 from worker.observability.metrics import build_metrics_observer
 from worker.observability.prometheus import PrometheusObserver
 from worker.runtime.assemble import open_worker
+from worker.runtime.presence import PresenceObserver, presence_companion
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("worker")
@@ -67,6 +68,11 @@ async def serve(
         prometheus = PrometheusObserver(queue_name_of(settings.queue))
         observers.add(prometheus)
         routes_by_port.setdefault(settings.prometheus_port, {})["/metrics"] = prometheus.route
+    companions = list(companions or [])
+    if settings.idempotency_table:  # the dashboard's list of live workers: one small put every 15 s
+        presence = PresenceObserver()
+        observers.add(presence)
+        companions.append(presence_companion(settings, presence))
     servers = await listen_all(settings, routes_by_port)
     background = [asyncio.create_task(serve_until(server, stop)) for server in servers]
     metrics = None
@@ -75,7 +81,7 @@ async def serve(
         if metrics is not None:
             observers.add(metrics)
         async with open_worker(settings, registry, stop=stop, observers=observers) as worker:
-            for companion in companions or []:
+            for companion in companions:
                 background.append(asyncio.create_task(companion(stop)))
             await worker.run(stop)
     except QueueUnavailable:

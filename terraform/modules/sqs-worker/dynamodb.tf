@@ -14,6 +14,26 @@ resource "aws_dynamodb_table" "idempotency" {
     type = "S"
   }
 
+  attribute {
+    name = "status"
+    type = "S"
+  }
+
+  attribute {
+    name = "updated_at"
+    type = "N"
+  }
+
+  # The dashboard's lists (recent failed and in-progress jobs, live workers, its audit trail) are Queries of
+  # this index, never Scans; the same index `sqs-worker bootstrap` creates.
+  global_secondary_index {
+    name               = "status-updated_at"
+    hash_key           = "status"
+    range_key          = "updated_at"
+    projection_type    = "INCLUDE"
+    non_key_attributes = ["job_type", "attempts", "last_error", "progress", "progress_note", "lease_expires_at_ms", "owner", "expiration", "created_at", "detail"]
+  }
+
   ttl {
     attribute_name = "expiration"
     enabled        = true

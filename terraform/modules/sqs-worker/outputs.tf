@@ -91,3 +91,8 @@ output "service_name" {
   description = "Name of the ECS service, or null without ECS."
   value       = try(aws_ecs_service.worker[0].name, null)
 }
+
+output "web_dashboard_url" {
+  description = "The dashboard's address on its internal ALB (null unless enable_web_dashboard)."
+  value       = local.web_dashboard ? "https://${aws_lb.web_dashboard[0].dns_name}/" : null
+}

@@ -330,3 +330,49 @@ variable "scale_out_cooldown_s" {
   type        = number
   default     = 60
 }
+
+# --- The web dashboard (`sqs-worker dashboard`) as a second ECS service behind an internal ALB ---------------
+
+variable "enable_web_dashboard" {
+  description = "Run `sqs-worker dashboard` as a second ECS service behind an internal HTTPS ALB (needs enable_ecs)."
+  type        = bool
+  default     = false
+}
+
+variable "web_dashboard_certificate_arn" {
+  description = "ACM certificate of the dashboard's HTTPS listener (required with enable_web_dashboard)."
+  type        = string
+  default     = null
+}
+
+variable "web_dashboard_allowed_cidrs" {
+  description = "Networks that may reach the internal ALB on 443 (e.g. the VPN's)."
+  type        = list(string)
+  default     = []
+}
+
+variable "web_dashboard_token_secret_arn" {
+  description = "Secrets Manager secret holding WORKER_DASHBOARD_TOKEN (one of this or web_dashboard_oidc)."
+  type        = string
+  default     = null
+}
+
+variable "web_dashboard_oidc" {
+  description = "OIDC provider the ALB authenticates users with; the dashboard then trusts its x-amzn-oidc-identity header."
+  type = object({
+    issuer                 = string
+    authorization_endpoint = string
+    token_endpoint         = string
+    user_info_endpoint     = string
+    client_id              = string
+    client_secret          = string
+  })
+  default   = null
+  sensitive = true
+}
+
+variable "web_dashboard_actions" {
+  description = "Allow redrive, requeue, purge and fire now from the dashboard (else it is read-only)."
+  type        = bool
+  default     = false
+}

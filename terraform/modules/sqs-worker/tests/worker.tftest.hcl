@@ -237,3 +237,43 @@ run "ecs_needs_an_image" {
 
   expect_failures = [aws_ecs_task_definition.worker]
 }
+
+run "web_dashboard_is_off_by_default" {
+  command = plan
+
+  assert {
+    condition     = length(aws_ecs_service.web_dashboard) == 0 && length(aws_lb.web_dashboard) == 0 && output.web_dashboard_url == null
+    error_message = "no dashboard service or ALB unless enable_web_dashboard"
+  }
+}
+
+run "web_dashboard_runs_behind_an_internal_https_alb" {
+  command = apply
+
+  variables {
+    enable_web_dashboard           = true
+    web_dashboard_certificate_arn  = "arn:aws:acm:us-east-1:123456789012:certificate/0b1c2d3e-0000-4000-8000-000000000000"
+    web_dashboard_token_secret_arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:billing-dashboard-token"
+    web_dashboard_allowed_cidrs    = ["10.8.0.0/16"]
+  }
+
+  assert {
+    condition     = aws_lb.web_dashboard[0].internal && aws_lb_listener.web_dashboard[0].protocol == "HTTPS" && aws_lb_listener.web_dashboard[0].port == 443
+    error_message = "an internal ALB with an HTTPS listener"
+  }
+
+  assert {
+    condition     = jsondecode(aws_ecs_task_definition.web_dashboard[0].container_definitions)[0].command == ["dashboard"] && aws_lb_target_group.web_dashboard[0].health_check[0].path == "/healthz"
+    error_message = "the second service runs `sqs-worker dashboard` and the ALB probes /healthz"
+  }
+
+  assert {
+    condition     = contains([for pair in jsondecode(aws_ecs_task_definition.web_dashboard[0].container_definitions)[0].environment : "${pair.name}=${pair.value}"], "WORKER_DASHBOARD_ACTIONS=false") && jsondecode(aws_ecs_task_definition.web_dashboard[0].container_definitions)[0].secrets[0].name == "WORKER_DASHBOARD_TOKEN"
+    error_message = "read-only by default, the token from Secrets Manager"
+  }
+
+  assert {
+    condition     = !strcontains(aws_iam_role_policy.web_dashboard[0].policy, "sqs:PurgeQueue") && strcontains(aws_iam_role_policy.web_dashboard[0].policy, "dynamodb:Query")
+    error_message = "a read-only dashboard's role cannot purge; it queries the ledger's status index"
+  }
+}

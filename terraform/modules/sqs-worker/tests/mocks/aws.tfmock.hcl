@@ -20,6 +20,15 @@ mock_resource "aws_ecs_task_definition" {
 mock_data "aws_region" {
   defaults = { name = "us-east-1" }
 }
+mock_data "aws_vpc" {
+  defaults = { cidr_block = "10.0.0.0/16" }
+}
+mock_resource "aws_lb" {
+  defaults = { arn = "arn:aws:elasticloadbalancing:us-east-1:123456789012:loadbalancer/app/mock/0123456789abcdef", dns_name = "internal-mock.us-east-1.elb.amazonaws.com" }
+}
+mock_resource "aws_lb_target_group" {
+  defaults = { arn = "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/mock/0123456789abcdef" }
+}
 mock_data "aws_caller_identity" {
   defaults = { account_id = "123456789012" }
 }

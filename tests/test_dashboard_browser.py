@@ -1,0 +1,327 @@
+"""The dashboard as a person uses it: headless Chromium (Debian's ``chromium``, driven by Playwright) against
+``sqs-worker dashboard`` and ``sqs-worker run`` as processes on a moto server.
+
+Screenshots of each page go to the test's temporary folder, and to ``SQS_WORKER_SCREENSHOTS`` when set (the
+README's come from ``SQS_WORKER_SCREENSHOTS=docs/screenshots``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from tests.support.backends import Backend
+from tests.support.harness import make_queues
+from tests.support.idempotency import dynamodb_client
+from tests.support.process import ROOT, start, wait_until, worker_env
+from tests.support.queues import message_count, queue_counts
+from worker.idempotency import create_table
+from worker.ops.bootstrap import Created
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+TOKEN = "dash-" + uuid.uuid4().hex
+STEP_TIMEOUT_MS = 10_000
+
+
+@dataclass
+class Stack:
+    endpoint_url: str
+    queues: Created
+    table: str
+    url: str
+    sqs: Any
+    worker: subprocess.Popen[bytes]
+    dashboard: subprocess.Popen[bytes]
+    shots: list[Path]
+
+
+def chromium_path() -> str:
+    found = os.environ.get("SQS_WORKER_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.fail("no chromium on PATH: scripts/test installs it (apt-get install -y chromium)")
+    return found
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+def _url_from(stderr: Path) -> str | None:
+    match = re.search(r"sqs-worker dashboard: (http://\S+)", stderr.read_text(encoding="utf-8", errors="replace"))
+    return match.group(1) if match else None
+
+
+@pytest.fixture(scope="module")
+def stack(moto_backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    endpoint = moto_backend.endpoint_url
+    tmp = tmp_path_factory.mktemp("dashboard")
+    queues = make_queues(endpoint, max_receive_count=5)
+    table = f"ledger-{uuid.uuid4().hex[:8]}"
+
+    async def make_table() -> None:
+        async with dynamodb_client(endpoint) as client:
+            await create_table(client, table)
+
+    asyncio.run(make_table())
+    env = worker_env(
+        endpoint,
+        TMP=str(tmp),
+        WORKER_QUEUE=queues.queue_url.rsplit("/", 1)[-1],
+        WORKER_HANDLERS="tests.support.dashboard_handlers",
+        WORKER_IDEMPOTENCY_TABLE=table,
+        WORKER_SCHEDULES_FILE=str(ROOT / "schedules.example.yaml"),
+        WORKER_LOG_FORMAT="text",
+    )
+    sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
+    for card in ("4000-0001", "4000-0002", "4000-0003"):
+        sqs.send_message(
+            QueueUrl=queues.queue_url, MessageBody=json.dumps({"type": "charge_card", "payload": {"card": card}})
+        )
+    for _ in range(2):
+        sqs.send_message(QueueUrl=queues.queue_url, MessageBody=json.dumps({"type": "resize_image", "payload": {}}))
+    invoice = {"type": "sync_invoice", "payload": {"invoice": "INV-7"}}
+    sqs.send_message(QueueUrl=queues.queue_url, MessageBody=json.dumps(invoice))
+    report = {"type": "build_report", "payload": {"report": "q3-sales", "api_token": "tok-SECRET-123"}}
+    sqs.send_message(QueueUrl=queues.queue_url, MessageBody=json.dumps(report))
+    worker = start("run", env=env, stderr_path=tmp / "worker.log")
+    dash_env = {**env, "WORKER_DASHBOARD_TOKEN": TOKEN, "WORKER_DASHBOARD_ACTIONS": "true",
+                "WORKER_DASHBOARD_SAMPLE_S": "1"}  # fmt: skip
+    dashboard = start("dashboard", "--port", "0", env=dash_env, stderr_path=tmp / "dashboard.log")
+    try:
+        wait_until(lambda: _url_from(tmp / "dashboard.log") is not None, 30, "the dashboard to listen")
+        wait_until(
+            lambda: message_count(sqs, queues.dlq_url) == 6 and message_count(sqs, queues.queue_url) == 0,
+            30,
+            "the worker to dead-letter 6 jobs and finish the report",
+        )
+        url = _url_from(tmp / "dashboard.log")
+        assert url is not None
+        yield Stack(endpoint, queues, table, url, sqs, worker, dashboard, [])
+    finally:
+        _stop(worker)
+        _stop(dashboard)
+    for log in ("worker.log", "dashboard.log"):
+        text = (tmp / log).read_text(encoding="utf-8", errors="replace")
+        assert "Traceback" not in text, f"{log}:\n{text[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def browser(stack: Stack) -> Iterator[Any]:
+    with playwright_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"], timeout=30_000)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any, stack: Stack) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(STEP_TIMEOUT_MS)
+    page.goto(f"{stack.url}?token={TOKEN}")  # sets the cookie, as a person pastes the link once
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+def shot(page: Any, name: str, tmp_path: Path) -> None:
+    path = tmp_path / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    target = os.environ.get("SQS_WORKER_SCREENSHOTS")
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(target) / path.name)
+
+
+def cell(page: Any, queue: str, field: str) -> str:
+    text: str = page.locator(f'tr[data-queue="{queue}"] [data-field="{field}"]').inner_text()
+    return text
+
+
+def test_overview_shows_the_queue_counts_and_the_workers_page_the_live_worker(
+    page: Any, stack: Stack, tmp_path: Path
+) -> None:
+    dlq = stack.queues.dlq_url.rsplit("/", 1)[-1]
+    queue = stack.queues.queue_url.rsplit("/", 1)[-1]
+    page.wait_for_selector("body[data-refreshed]", state="attached")  # the live refresh ran
+    counts = queue_counts(stack.sqs, stack.queues.dlq_url)
+    assert cell(page, dlq, "visible") == str(counts["ApproximateNumberOfMessages"]) == "6"
+    assert cell(page, dlq, "in_flight") == "0"
+    assert cell(page, queue, "visible") == "0"
+    assert page.locator(".chart canvas").count() == 3  # uPlot, served by the dashboard itself, drew the charts
+    assert page.locator(".spark canvas").count() == 2
+    page.wait_for_timeout(2500)  # two more samples for the sparklines
+    shot(page, "overview", tmp_path)
+    page.goto(f"{stack.url}workers")
+    page.wait_for_selector("#workers tbody tr td:has-text('/ 10')")
+    assert queue in page.locator("#workers").inner_text()
+    shot(page, "workers", tmp_path)
+
+
+def test_search_finds_the_dead_letters_of_an_error(page: Any, stack: Stack, tmp_path: Path) -> None:
+    page.goto(f"{stack.url}dead-letters")
+    page.fill("#q", "card declined")
+    page.click("button:has-text('Search')")
+    rows = page.locator("#letters tbody tr")
+    assert rows.count() == 3
+    assert all("card declined" in rows.nth(i).inner_text() for i in range(3))
+    assert page.locator("#groups tbody tr").count() == 1
+    assert page.locator("#groups tbody tr td").first.inner_text() == "3"
+    page.fill("#q", "resize_image")  # job types are searched too
+    page.click("button:has-text('Search')")
+    assert page.locator("#letters tbody tr").count() == 2
+    page.goto(f"{stack.url}dead-letters")
+    shot(page, "dead-letters", tmp_path)
+    page.locator("#letters tbody tr a").first.click()
+    page.wait_for_selector("#body")
+    assert "error_category" in page.content()
+    shot(page, "dead-letter", tmp_path)
+
+
+def test_requeue_moves_exactly_the_selected_dead_letters_and_the_audit_shows_it(
+    page: Any, stack: Stack, tmp_path: Path
+) -> None:
+    _stop(stack.worker)  # the requeued jobs would fail again: keep them where the requeue put them
+    page.goto(f"{stack.url}dead-letters?q=card+declined")
+    rows = page.locator("#letters tbody tr")
+    selected = [rows.nth(i).get_attribute("data-id") for i in (0, 2)]
+    for message_id in selected:
+        page.check(f'#letters input[value="{message_id}"]')
+    page.click("#requeue-selected")
+    page.wait_for_selector("#confirm")  # nothing moved before the confirmation
+    assert message_count(stack.sqs, stack.queues.dlq_url) == 6
+    assert message_count(stack.sqs, stack.queues.queue_url) == 0
+    page.fill("#reason", "issuer fixed the outage")
+    shot(page, "confirm", tmp_path)
+    page.click("#confirm-button")
+    page.wait_for_selector("#done")
+    assert "moved 2 of 2" in page.inner_text("#done")
+    assert message_count(stack.sqs, stack.queues.dlq_url) == 4
+    assert queue_counts(stack.sqs, stack.queues.queue_url)["ApproximateNumberOfMessages"] == 2
+    remaining = [row.get_attribute("data-id") for row in page.locator("#letters tbody tr").all()]
+    assert len(remaining) == 4
+    assert not set(selected) & set(remaining)
+    audit = page.locator("#audit tbody tr").first.inner_text()
+    assert "requeue" in audit
+    assert "issuer fixed the outage" in audit
+    assert "\t2\t" in audit
+    assert "token" in audit  # who: the dashboard's token holder
+    shot(page, "audit", tmp_path)
+
+
+def test_requeue_by_group_moves_that_group_only(page: Any, stack: Stack) -> None:
+    page.goto(f"{stack.url}dead-letters")
+    page.locator("#groups tr:has-text('image too large') button").click()
+    page.fill("#reason", "resizer memory raised")
+    page.click("#confirm-button")
+    assert "moved 2 of 2" in page.inner_text("#done")
+    assert message_count(stack.sqs, stack.queues.dlq_url) == 2
+    assert queue_counts(stack.sqs, stack.queues.queue_url)["ApproximateNumberOfMessages"] == 4
+    assert "image too large" not in page.inner_text("#letters")
+    assert "resizer memory raised" in page.locator("#audit tbody tr").first.inner_text()
+
+
+def test_jobs_and_schedules_pages(page: Any, stack: Stack, tmp_path: Path) -> None:
+    page.goto(f"{stack.url}jobs?key=build_report:q3-sales")
+    record = page.inner_text("#record")
+    assert "COMPLETED" in record
+    assert "100%" in record
+    assert "SECRET" not in page.content()  # the result's api_token is redacted as in the logs
+    failed = page.inner_text("#failed")  # the ledger's status index lists it, without a Scan
+    assert "sync_invoice:INV-7" in failed
+    assert "invoice rejected" in failed
+    shot(page, "jobs", tmp_path)
+    page.goto(f"{stack.url}schedules")
+    assert page.locator("#schedules tbody tr").count() == 3
+    shot(page, "schedules", tmp_path)
+    before = message_count(stack.sqs, stack.queues.queue_url)  # the worker was stopped by the requeue test
+    page.locator("#schedules tr:has-text('cache-refresh') button").click()
+    page.fill("#reason", "warm the cache after the deploy")
+    page.click("#confirm-button")
+    assert "cache-refresh fired for" in page.inner_text("#done")
+    assert message_count(stack.sqs, stack.queues.queue_url) == before + 1
+
+
+def test_a_wrong_token_gets_401_and_a_post_without_csrf_gets_403(browser: Any, stack: Stack) -> None:
+    context = browser.new_context()
+    try:
+        stranger = context.new_page()
+        response = stranger.goto(f"{stack.url}?token=wrong")
+        assert response is not None
+        assert response.status == 401
+        assert stranger.goto(f"{stack.url}dead-letters").status == 401
+        request = context.request
+        response = request.post(
+            f"{stack.url}dead-letters/action",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            form={"action": "purge", "confirmed": "yes", "reason": "no csrf"},
+        )
+        assert response.status == 403
+        assert "CSRF" in response.text()
+    finally:
+        context.close()
+    assert message_count(stack.sqs, stack.queues.dlq_url) == 2  # nothing purged
+
+
+def test_the_dashboard_refuses_to_listen_beyond_loopback_without_a_token(stack: Stack) -> None:
+    from tests.support.process import cli
+
+    env = worker_env(stack.endpoint_url, WORKER_QUEUE=stack.queues.queue_url.rsplit("/", 1)[-1])
+    result = cli("dashboard", "--host", "0.0.0.0", "--port", "0", env=env, timeout_s=30)
+    assert result.returncode == 2
+    assert "WORKER_DASHBOARD_TOKEN" in result.stderr
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen("http://127.0.0.1:1/", timeout=1)
+
+
+def test_without_actions_the_dashboard_is_read_only(stack: Stack, tmp_path: Path) -> None:
+    env = worker_env(
+        stack.endpoint_url, TMP=str(tmp_path), WORKER_QUEUE=stack.queues.queue_url.rsplit("/", 1)[-1]
+    )  # no token (loopback), no WORKER_DASHBOARD_ACTIONS
+    log = tmp_path / "readonly.log"
+    process = start("dashboard", "--port", "0", env=env, stderr_path=log)
+    try:
+        wait_until(lambda: _url_from(log) is not None, 30, "the read-only dashboard to listen")
+        url = _url_from(log)
+        assert url is not None
+        with urllib.request.urlopen(f"{url}dead-letters", timeout=10) as response:
+            html = response.read().decode()
+        assert "read-only" in html
+        match = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+        assert match is not None
+        form = urllib.parse.urlencode({"csrf": match.group(1), "action": "purge", "confirmed": "yes", "reason": "x"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}dead-letters/action", data=form.encode(), timeout=10)
+        assert refused.value.code == 403
+        assert "read-only" in refused.value.read().decode()
+        with urllib.request.urlopen(f"{url}healthz", timeout=10) as response:
+            assert response.status == 200
+    finally:
+        _stop(process)
+    assert message_count(stack.sqs, stack.queues.dlq_url) == 2  # nothing purged

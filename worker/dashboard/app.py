@@ -1,0 +1,357 @@
+"""The dashboard's web app (Starlette, Jinja2 templates, uPlot charts served from the package: no CDN).
+
+Pages: overview (``/``), dead letters (``/dead-letters``, a letter at ``/dead-letters/<id>``), jobs (``/jobs``),
+schedules (``/schedules``), workers (``/workers``); ``/api/overview`` feeds the overview's live refresh.
+Actions are POSTs that first answer with a confirmation page and act only when it is submitted (``confirmed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.applications import Starlette
+from starlette.datastructures import FormData
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from worker.dashboard.config import DashboardSettings
+from worker.dashboard.history import History, columns
+from worker.dashboard.security import CSRF_FIELD, TOKEN_COOKIE, Gate
+from worker.dashboard.sources import Sources, describe_result
+from worker.errors import WorkerError
+from worker.observability.logs import Redactor
+from worker.ops.dlq_records import group_dead_letters, printable, printable_json
+from worker.ops.stats import format_age
+
+log = logging.getLogger("worker.dashboard")
+HERE = Path(__file__).parent
+ACTIONS = {
+    "requeue": "Requeue the selected dead letters",
+    "requeue_group": "Requeue every dead letter of this group",
+    "redrive": "Redrive all dead letters to the queue",
+    "purge": "Purge the dead-letter queue (cannot be undone)",
+}
+
+
+class Dashboard:
+    """The app's state: settings, sources, access rules, sampled history, redaction."""
+
+    def __init__(self, settings: DashboardSettings, sources: Sources, gate: Gate) -> None:
+        self.settings = settings
+        self.sources = sources
+        self.gate = gate
+        self.history = History()
+        self._history_lock = threading.Lock()  # sampled in one thread, read by the requests' threads
+        self.redactor = Redactor(settings.redact_fields)
+        self.templates = Jinja2Templates(directory=str(HERE / "templates"))
+        self.templates.env.filters["age"] = format_age
+        self.templates.env.filters["printable"] = printable
+
+    def render(self, request: Request, template: str, status_code: int = 200, /, **context: Any) -> Response:
+        user = request.state.user
+        context.update(
+            user=user,
+            csrf_field=CSRF_FIELD,
+            csrf=self.gate.csrf_token(user),
+            actions_enabled=self.gate.actions_enabled,
+            queue=self.sources.queue_name,
+            table=self.sources.table,
+            page=template.removesuffix(".html"),
+        )
+        return self.templates.TemplateResponse(request, template, context, status_code=status_code)
+
+    async def sample_forever(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.sample_once)
+            except Exception as exc:  # an endpoint hiccup must not end the sampling
+                log.warning("dashboard sample failed: %s", exc)
+            await asyncio.sleep(self.settings.dashboard_sample_s)
+
+    def sample_once(self) -> None:
+        now_s = int(time.time())
+        stats = self.sources.queues()
+        workers = {w.owner: w.counts for w in self.sources.workers()} if self.sources.table else {}
+        with self._history_lock:
+            for row in stats:
+                self.history.sample_depth(row.name, row.visible + row.in_flight + row.delayed, now_s=now_s)
+            reported = self.history.sample_workers(workers, now_s=now_s)
+            dlq = stats[1]
+            self.history.sample_dlq(dlq.visible + dlq.in_flight, now_s=now_s, count_dead_letters=not reported)
+
+    def overview(self) -> dict[str, Any]:
+        now = datetime.now(UTC)
+        stats = self.sources.queues()
+        published = self.sources.published_series(now=now)
+        with self._history_lock:
+            series = published or self.history.series(now_s=int(now.timestamp()))
+            depth = {name: [list(p) for p in points] for name, points in self.history.depth.items()}
+        return {
+            "queues": [{**asdict(row), "oldest": format_age(row.oldest_age_s)} for row in stats],
+            "depth": depth,
+            "series_source": "CloudWatch metrics" if published else "sampled by this dashboard",
+            "series": columns(series),
+        }
+
+    def redact_body(self, body: str) -> str:
+        try:
+            value = json.loads(body)
+        except ValueError:
+            return printable(self.redactor.redact_text(body))
+        return printable_json(self.redactor.redact(value))
+
+
+class AccessMiddleware(BaseHTTPMiddleware):
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        dashboard: Dashboard = request.app.state.dashboard
+        if request.url.path == "/healthz":  # the load balancer's probe: no data, no token
+            return PlainTextResponse("ok\n")
+        query_token = request.query_params.get("token")
+        user = dashboard.gate.identify(request.headers, request.cookies, query_token)
+        if user is None:
+            return PlainTextResponse("401 Unauthorized: a valid dashboard token is required\n", status_code=401)
+        if query_token and user == "token":  # keep it in a cookie, out of the address bar and the history
+            params = {k: v for k, v in request.query_params.items() if k != "token"}
+            target = request.url.path + (f"?{urlencode(params)}" if params else "")
+            response: Response = RedirectResponse(target, status_code=303)
+            response.set_cookie(TOKEN_COOKIE, query_token, httponly=True, samesite="strict")
+            return response
+        request.state.user = user
+        response = await call_next(request)
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Content-Security-Policy"] = "default-src 'self'; style-src 'self' 'unsafe-inline'"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        return response
+
+
+def _dash(request: Request) -> Dashboard:
+    dashboard: Dashboard = request.app.state.dashboard
+    return dashboard
+
+
+async def _checked_form(request: Request) -> FormData | Response:
+    """The POST's form when its CSRF token is right and actions are enabled; else the 403 to answer."""
+    dashboard = _dash(request)
+    form = await request.form()
+    offered = form.get(CSRF_FIELD)
+    if not dashboard.gate.csrf_ok(request.state.user, offered if isinstance(offered, str) else None):
+        return PlainTextResponse("403 Forbidden: missing or wrong CSRF token\n", status_code=403)
+    if not dashboard.gate.actions_enabled:
+        return PlainTextResponse(
+            "403 Forbidden: the dashboard is read-only (WORKER_DASHBOARD_ACTIONS=true enables actions)\n",
+            status_code=403,
+        )
+    return form
+
+
+async def overview_page(request: Request) -> Response:
+    data = await asyncio.to_thread(_dash(request).overview)
+    return _dash(request).render(request, "overview.html", data=data)
+
+
+async def overview_api(request: Request) -> Response:
+    return JSONResponse(await asyncio.to_thread(_dash(request).overview))
+
+
+def _matches(words: list[str], *texts: str | None) -> bool:
+    haystack = " ".join(text or "" for text in texts).lower()
+    return all(word in haystack for word in words)
+
+
+async def dead_letters_page(request: Request) -> Response:
+    dashboard = _dash(request)
+    query = request.query_params.get("q", "").strip()
+    words = query.lower().split()
+    letters, audit = await asyncio.gather(
+        asyncio.to_thread(dashboard.sources.dead_letters), asyncio.to_thread(dashboard.sources.audit_trail)
+    )
+    chosen = [letter for letter in letters if _matches(words, letter.error_message, letter.job_type, letter.category)]
+    return dashboard.render(
+        request,
+        "dead_letters.html",
+        query=query,
+        letters=chosen,
+        read=len(letters),
+        groups=group_dead_letters(chosen),
+        audit=audit,
+        done=request.query_params.get("done"),
+    )
+
+
+async def letter_page(request: Request) -> Response:
+    dashboard = _dash(request)
+    ident = request.path_params["message_id"]
+    letter = await asyncio.to_thread(dashboard.sources.dlq().find, ident, limit=500)
+    if letter is None:
+        return dashboard.render(request, "letter.html", 404, letter=None, ident=ident)
+    described = letter.describe()
+    attributes = {k: dashboard.redactor.redact_text(str(v)) for k, v in described.pop("message_attributes").items()}
+    described.pop("body")
+    return dashboard.render(
+        request,
+        "letter.html",
+        letter=letter,
+        ident=ident,
+        described=described,
+        attributes=attributes,
+        body=dashboard.redact_body(letter.body),
+    )
+
+
+async def dead_letter_action(request: Request) -> Response:
+    dashboard = _dash(request)
+    form = await _checked_form(request)
+    if isinstance(form, Response):
+        return form
+    action = str(form.get("action", ""))
+    if action not in ACTIONS:
+        return PlainTextResponse(f"400 Bad Request: unknown action {printable(action)!r}\n", status_code=400)
+    ids = [str(i) for i in form.getlist("ids")]
+    group = (str(form.get("category", "")), str(form.get("error", "")))
+    reason = str(form.get("reason", "")).strip()
+    if action == "requeue" and not ids:
+        return PlainTextResponse("400 Bad Request: select at least one dead letter\n", status_code=400)
+    if form.get("confirmed") != "yes" or not reason:
+        context = {"action": action, "title": ACTIONS[action], "ids": ids, "group": group, "reason": reason}
+        return dashboard.render(request, "confirm.html", 200, missing_reason=form.get("confirmed") == "yes", **context)
+    user = request.state.user
+    sources = dashboard.sources
+    if action == "purge":
+        count = await asyncio.to_thread(sources.purge)
+        outcome, detail = count, f"purged {sources.dlq_url.rsplit('/', 1)[-1]} (about {count} message(s))"
+    else:
+        if action == "redrive":
+            result = await asyncio.to_thread(sources.redrive_all)
+        else:
+            chosen_group = group if action == "requeue_group" else None
+            result = await asyncio.to_thread(sources.requeue, ids=ids, group=chosen_group, by=user, reason=reason)
+        outcome, detail = result.moved, describe_result(result)
+    log.info("dashboard action", extra={"event": "dashboard_action", "action": action, "by": user, "reason": reason})
+    try:
+        await asyncio.to_thread(sources.record_audit, who=user, action=action, why=reason, count=outcome, detail=detail)
+    except WorkerError as exc:
+        detail += f" (audit kept in memory only: {exc})"
+    return RedirectResponse("/dead-letters?" + urlencode({"done": f"{ACTIONS[action]}: {detail}"}), status_code=303)
+
+
+async def jobs_page(request: Request) -> Response:
+    dashboard = _dash(request)
+    key = request.query_params.get("key", "").strip()
+    sources = dashboard.sources
+    record, failed, running = await asyncio.gather(
+        asyncio.to_thread(sources.job, key) if key else asyncio.sleep(0, None),
+        asyncio.to_thread(sources.recent_jobs, "FAILED"),
+        asyncio.to_thread(sources.recent_jobs, "IN_PROGRESS"),
+    )
+    now_ms = int(time.time() * 1000)
+    result = None
+    if record is not None and record.result is not None:
+        result = printable_json(dashboard.redactor.redact(record.result))
+    return dashboard.render(
+        request,
+        "jobs.html",
+        key=key,
+        record=record,
+        result=result,
+        now_ms=now_ms,
+        failed=failed,
+        running=running,
+        redact=dashboard.redactor.redact_text,
+    )
+
+
+async def schedules_page(request: Request) -> Response:
+    from worker.scheduling.schedules import load_schedules
+
+    dashboard = _dash(request)
+    path = dashboard.settings.schedules_file
+    schedules = load_schedules(path) if path else []
+    now = datetime.now(UTC)
+    rows = [(s, [t.astimezone(s.zone) for t in s.next_fire_times(now, 5)]) for s in schedules]
+    return dashboard.render(request, "schedules.html", rows=rows, path=path, done=request.query_params.get("done"))
+
+
+async def fire_schedule(request: Request) -> Response:
+    from worker.commands.schedules import send_scheduled
+    from worker.scheduling.schedules import find_schedule, format_scheduled_time, load_schedules
+
+    dashboard = _dash(request)
+    form = await _checked_form(request)
+    if isinstance(form, Response):
+        return form
+    path = dashboard.settings.schedules_file
+    try:
+        schedule = find_schedule(load_schedules(path) if path else [], str(form.get("name", "")))
+    except WorkerError as exc:
+        return PlainTextResponse(f"404 Not Found: {exc}\n", status_code=404)
+    reason = str(form.get("reason", "")).strip()
+    if form.get("confirmed") != "yes" or not reason:
+        return dashboard.render(
+            request, "confirm.html", action="fire", title=f"Fire schedule {schedule.name} now", ids=[],
+            group=("", ""), reason=reason, name=schedule.name, missing_reason=form.get("confirmed") == "yes",
+        )  # fmt: skip
+    now = datetime.now(UTC).replace(microsecond=0)
+    scheduled = schedule.latest_fire_time(now) or now
+    sources = dashboard.sources
+    message_id = await asyncio.to_thread(send_scheduled, sources.sqs, sources.queue_url, schedule, scheduled)
+    detail = f"{schedule.name} fired for {format_scheduled_time(scheduled)}: message {message_id}"
+    with contextlib.suppress(WorkerError):
+        await asyncio.to_thread(
+            sources.record_audit, who=request.state.user, action="fire", why=reason, count=1, detail=detail
+        )
+    return RedirectResponse("/schedules?" + urlencode({"done": detail}), status_code=303)
+
+
+async def workers_page(request: Request) -> Response:
+    dashboard = _dash(request)
+    workers = await asyncio.to_thread(dashboard.sources.workers)
+    return dashboard.render(request, "workers.html", workers=workers)
+
+
+def create_app(settings: DashboardSettings, sources: Sources, gate: Gate) -> Starlette:
+    dashboard = Dashboard(settings, sources, gate)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        sampler = asyncio.create_task(dashboard.sample_forever())
+        try:
+            yield
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+
+    app = Starlette(
+        routes=[
+            Route("/", overview_page),
+            Route("/api/overview", overview_api),
+            Route("/dead-letters", dead_letters_page),
+            Route("/dead-letters/action", dead_letter_action, methods=["POST"]),
+            Route("/dead-letters/{message_id}", letter_page),
+            Route("/jobs", jobs_page),
+            Route("/schedules", schedules_page),
+            Route("/schedules/fire", fire_schedule, methods=["POST"]),
+            Route("/workers", workers_page),
+            Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+        ],
+        middleware=[Middleware(AccessMiddleware)],
+        lifespan=lifespan,
+    )
+    app.state.dashboard = dashboard
+    return app
