@@ -36,7 +36,7 @@ NOT_RUN = {
     ),
 }
 #: Commands that run until a signal: started in the background, stopped (SIGTERM) after the other examples.
-BACKGROUND = {"sqs-worker run"}
+BACKGROUND = {"sqs-worker run", "WORKER_QUEUE=flows WORKER_HANDLERS=app.flows sqs-worker run"}
 #: Inline commands of the README's prose that are run too, after the fenced blocks (not the CLI table's synopses).
 INLINE_COMMANDS = re.compile(r"`(sqs-worker enqueue \w+ --payload '[^`']+')`")
 
@@ -117,7 +117,7 @@ def backgrounded(script: str, folder: Path) -> str:
     for line in script.splitlines():
         command = line.split("#", 1)[0].strip()
         if command in BACKGROUND:
-            name = command.replace(" ", "-")
+            name = command.split("=")[-1].replace(" ", "-") if "=" in command else command.replace(" ", "-")
             log, pid, status = (f'"{folder}/{name}.{suffix}"' for suffix in ("log", "pid", "status"))
             line = f"({command} >{log} 2>&1 & echo $! >{pid}; wait $!; echo $? >{status}) >/dev/null 2>&1 &"
         lines.append(line)
@@ -206,8 +206,8 @@ def test_readme_examples_run_as_written(dev_server: dict[str, str], tmp_path: Pa
         wait_until(lambda: queue_counts(env, env["WORKER_QUEUE"]) == 0, 10, "the queue to be empty")
         assert queue_counts(env, env["WORKER_QUEUE"] + "-dlq") == 0
     finally:
-        if (folder / "sqs-worker-run.pid").is_file():
-            stop_background(folder, "sqs-worker-run")
+        for pid in sorted(folder.glob("*.pid")):
+            stop_background(folder, pid.stem)
 
 
 def stop_background(folder: Path, name: str) -> None:

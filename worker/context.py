@@ -28,6 +28,10 @@ class JobContext:
     idempotency_key: str | None
     deadline_monotonic: float
     logger: logging.LoggerAdapter[logging.Logger]
+    #: The chain or group this job is a step of (``worker.workflows``), else None.
+    workflow_id: str | None = None
+    #: In a chain, the previous step's result; in a group's callback, the members' results and failures.
+    previous_result: Any = None
     _progress: ProgressSink = field(default=_no_progress, repr=False)
 
     @property

@@ -93,14 +93,17 @@ async def running_worker(
     poll_wait_s: int = 1,
     ledger: Any = None,
     rng: random.Random | None = None,
+    workflows: Callable[[Queue, Queue], Any] | None = None,
 ) -> AsyncIterator[Running]:
+    """``workflows``: makes the worker's WorkflowHooks from its queue and DLQ."""
     session = get_session()
     async with session.create_client("sqs", endpoint_url=endpoint_url, region_name="us-east-1") as client:
         recorder = Recorder()
+        queue, dlq = Queue(client, queues.queue_url), Queue(client, queues.dlq_url)
         worker = Worker(
             registry=registry,
-            queue=Queue(client, queues.queue_url),
-            dlq=Queue(client, queues.dlq_url),
+            queue=queue,
+            dlq=dlq,
             options=RuntimeOptions(
                 concurrency=concurrency,
                 visibility_timeout_s=visibility_timeout_s,
@@ -110,6 +113,7 @@ async def running_worker(
             observers=Observers([recorder]),
             ledger=ledger,
             rng=rng,
+            workflows=workflows(queue, dlq) if workflows is not None else None,
         )
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))

@@ -70,6 +70,9 @@ def build_context(
         deadline_monotonic=time.monotonic() + job.spec.timeout_s,
         logger=job_logger(job.spec, message_id, attempt),
     )
+    if job.envelope.workflow is not None:
+        context.workflow_id = job.envelope.workflow.id
+        context.previous_result = job.envelope.workflow.input
     if progress is not None:
         context._progress = progress
     return context

@@ -29,6 +29,7 @@ class Held:
     claim: Claim | None = None
     lease_lost: bool = False
     job_type: str | None = None
+    workflow_id: str | None = None
     extension: asyncio.Task[None] | None = field(default=None, repr=False)
     handler: asyncio.Future[Any] | None = field(default=None, repr=False)
 

@@ -35,6 +35,7 @@ from worker.runtime.threads import JobThreads
 
 if TYPE_CHECKING:
     from worker.idempotency import Claim, Ledger
+    from worker.workflows import WorkflowHooks
 
 log = logging.getLogger("worker")
 
@@ -70,6 +71,7 @@ class Worker:
         observers: Observers | None = None,
         ledger: Ledger | None = None,
         rng: random.Random | None = None,
+        workflows: WorkflowHooks | None = None,
     ) -> None:
         self.registry = registry
         self.queue = queue
@@ -77,6 +79,7 @@ class Worker:
         self.options = options
         self.observers = observers or Observers()
         self.ledger = ledger
+        self.workflows = workflows
         self._rng = rng or random.Random()
         self._slots = Slots(options.concurrency)
         self._groups: dict[str, deque[Held]] = {}
@@ -289,6 +292,7 @@ class Worker:
         decided = self.outcomes.decided(message.message_id)
         if decided is not None:  # decided dead before (its dead-letter send or delete did not go through)
             held.job_type = decided.job_type
+            held.workflow_id = decided.workflow_id
             await self._finish(held, self.outcomes.dead_letter(held, decided.category, decided.error))
             return False
         try:
@@ -300,6 +304,12 @@ class Worker:
             await self._finish(held, self.outcomes.dead_letter(held, BUG, "payload model: " + describe_error(exc)))
             return False
         held.job_type = job.spec.name
+        if job.envelope.workflow is not None:
+            held.workflow_id = job.envelope.workflow.id
+            if self.workflows is None or self.ledger is None:
+                reason = "a workflow step needs WORKER_IDEMPOTENCY_TABLE (the workflow's state is kept there)"
+                await self._finish(held, self.outcomes.dead_letter(held, PERMANENT, reason))
+                return False
         if self.ledger is None and job.envelope.idempotency_key is not None and not self._warned_unguarded:
             self._warned_unguarded = True
             log.warning("messages carry idempotency keys but WORKER_IDEMPOTENCY_TABLE is not set: they run unguarded")
@@ -340,6 +350,13 @@ class Worker:
             return False
         self._dynamodb.up()
         if claim.outcome == "completed":
+            if job.envelope.workflow is not None:  # its workflow may not have advanced yet (a crash in between)
+                from worker.workflows import recorded_result
+
+                advanced = self._advance(held, job, recorded_result(claim.record, key))
+                if not await asyncio.shield(advanced):
+                    await self._finish(held, self._workflow_retry(held))
+                    return False
             await self._finish(held, self.outcomes.ack(held))
             self._emit(Kind.DUPLICATE_SKIPPED, held, idempotency_key=key)
             return True
@@ -390,10 +407,10 @@ class Worker:
         except Exception as exc:
             await self._finish(held, self._failed(held, job, exc, time.monotonic() - started))
             return False
-        await self._finish(held, self._succeeded(held, result, time.monotonic() - started))
+        await self._finish(held, self._succeeded(held, job, result, time.monotonic() - started))
         return True
 
-    async def _succeeded(self, held: Held, result: Any, duration_s: float) -> None:
+    async def _succeeded(self, held: Held, job: PreparedJob, result: Any, duration_s: float) -> None:
         if held.claim is not None and self.ledger is not None:
             try:
                 fenced_ok = await self._complete_claim(held.claim, result_for_ledger(result))
@@ -406,6 +423,9 @@ class Worker:
             if not fenced_ok:
                 self._emit(Kind.CLAIM_LOST, held, reason="idempotency lease was taken over; not acknowledged")
                 return
+        if job.envelope.workflow is not None and not await self._advance(held, job, result_for_ledger(result)):
+            await self._workflow_retry(held)
+            return
         await self.outcomes.ack(held)
         self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)
 
@@ -432,6 +452,10 @@ class Worker:
             text = describe_error(error) + " (raised by the handler itself)"
         else:
             text = describe_error(error)
+        if decision.action is not Action.RETRY and not await self._workflow_failed(held, job, text):
+            await self._ledger_settle(held, text, final=False)
+            await self._workflow_retry(held)
+            return
         if decision.action is Action.RETRY:
             assert decision.delay_s is not None
             await self._ledger_settle(held, text, final=False)
@@ -440,6 +464,31 @@ class Worker:
             assert decision.category is not None
             await self._ledger_settle(held, text, final=True)
             await self.outcomes.dead_letter(held, decision.category, text, duration_s=duration_s)
+
+    async def _advance(self, held: Held, job: PreparedJob, result: Any) -> bool:
+        """Tell the workflow a step succeeded (send the next step, count the member). False: the table or queue
+        failed; the message is put back and its next copy (a completed duplicate) tries again."""
+        assert self.workflows is not None
+        try:
+            await self.workflows.succeeded(job.envelope, result, message_id=held.message.message_id)
+        except (LedgerUnavailable, QueueUnavailable) as exc:
+            log.error("could not advance the workflow; trying again: %s", exc, extra=held.log_fields(self.queue.name))
+            return False
+        return True
+
+    async def _workflow_failed(self, held: Held, job: PreparedJob, error: str) -> bool:
+        """Record a step's final failure in its workflow before it is dead-lettered. False: not recorded."""
+        if self.workflows is None or job.envelope.workflow is None:
+            return True
+        try:
+            await self.workflows.failed(job.envelope, error, message_id=held.message.message_id)
+        except (LedgerUnavailable, QueueUnavailable) as exc:
+            log.error("could not record the failed step; trying again: %s", exc, extra=held.log_fields(self.queue.name))
+            return False
+        return True
+
+    async def _workflow_retry(self, held: Held) -> None:
+        await self.outcomes.release(held, delay_s=LEDGER_RETRY_S, reason="workflow state unreachable")
 
     async def _ledger_settle(self, held: Held, error: str, *, final: bool) -> None:
         if held.claim is None or self.ledger is None:

@@ -1,0 +1,149 @@
+"""Workflow items in DynamoDB: one conditional UpdateItem per finished step or member. No policy here.
+
+Each write is conditional and returns the item (after it when it went through, before it when the condition
+refused it: ``ReturnValuesOnConditionCheckFailure=ALL_OLD``), so a duplicate finish costs one refused write and
+no read. Failures other than a refused condition become LedgerUnavailable (the table is the ledger's), retried
+within the ledger's budget first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from botocore.exceptions import BotoCoreError, ClientError
+
+from worker.backends.aws import call_with_budget, translate
+from worker.budgets import LEDGER, Budget
+from worker.errors import LedgerUnavailable
+from worker.idempotency import KEY_ATTRIBUTE
+from worker.workflows.model import WORKFLOW_TTL_S, item_key
+
+_CONNECTION_ERRORS = (BotoCoreError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
+Item = dict[str, Any]
+
+
+def encode(value: Any) -> dict[str, Any]:
+    """str, int, float, bool, None, or a set of str (a String Set) as a DynamoDB attribute value."""
+    if value is None:
+        return {"NULL": True}
+    if isinstance(value, bool):
+        return {"BOOL": value}
+    if isinstance(value, str):
+        return {"S": value}
+    if isinstance(value, int | float):
+        return {"N": str(value)}
+    if isinstance(value, set | frozenset):
+        return {"SS": sorted(value)}
+    raise TypeError(f"cannot store a {type(value).__name__} in a workflow item")
+
+
+def decode(item: Mapping[str, Any] | None) -> Item | None:
+    if not item:
+        return None
+    out: Item = {}
+    for name, value in item.items():
+        if "S" in value:
+            out[name] = value["S"]
+        elif "N" in value:
+            text = str(value["N"])
+            out[name] = int(text) if text.lstrip("-").isdigit() else float(text)
+        elif "SS" in value:
+            out[name] = set(value["SS"])
+        elif "BOOL" in value:
+            out[name] = bool(value["BOOL"])
+        else:
+            out[name] = None
+    return out
+
+
+def new_item(workflow_id: str, *, now_ms: int, **attributes: Any) -> dict[str, Any]:
+    """A new workflow item in DynamoDB's wire format (for PutItem)."""
+    values = {
+        KEY_ATTRIBUTE: item_key(workflow_id),
+        "created_at": now_ms,
+        "updated_at": now_ms,
+        "expiration": now_ms // 1000 + WORKFLOW_TTL_S,
+        **attributes,
+    }
+    return {name: encode(value) for name, value in values.items() if value is not None}
+
+
+class WorkflowStore:
+    """Reads and conditional writes of workflow items, through an injected aiobotocore DynamoDB client."""
+
+    def __init__(self, client: Any, table_name: str, *, budget: Budget = LEDGER) -> None:
+        self._client = client
+        self.table_name = table_name
+        self._budget = budget
+
+    async def get(self, workflow_id: str) -> Item | None:
+        return await self.get_key(item_key(workflow_id))
+
+    async def get_key(self, key: str) -> Item | None:
+        try:
+            response = await call_with_budget(
+                lambda: self._client.get_item(
+                    TableName=self.table_name, Key={KEY_ATTRIBUTE: {"S": key}}, ConsistentRead=True
+                ),
+                budget=self._budget,
+            )
+        except (ClientError, *_CONNECTION_ERRORS) as exc:
+            raise self._unavailable("GetItem", exc) from exc
+        return decode(response.get("Item"))
+
+    async def update(
+        self,
+        workflow_id: str,
+        *,
+        assign: Mapping[str, Any],
+        add: Mapping[str, set[str]] | None = None,
+        condition: str,
+        values: Mapping[str, Any] | None = None,
+        now_ms: int,
+    ) -> tuple[bool, Item | None]:
+        """One conditional UpdateItem: SET ``assign`` (and ``updated_at``), ADD to the sets of ``add``.
+        ``condition`` uses ``#name`` for attribute names and ``:name`` for ``values``. Returns (went through,
+        the item after it) or (False, the item before it, None when there is none)."""
+        assign = {**assign, "updated_at": now_ms}
+        text = "SET " + ", ".join(f"#{name} = :set_{name}" for name in assign)
+        if add:
+            text += " ADD " + ", ".join(f"#{name} :add_{name}" for name in add)
+        names = {f"#{name}": name for name in [*assign, *(add or {})]}
+        names.update({f"#{name}": name for name in _placeholders(condition, "#")})
+        attribute_values = {f":set_{name}": encode(value) for name, value in assign.items()}
+        attribute_values.update({f":add_{name}": encode(value) for name, value in (add or {}).items()})
+        attribute_values.update({f":{name}": encode(value) for name, value in (values or {}).items()})
+        try:
+            response = await call_with_budget(
+                lambda: self._client.update_item(
+                    TableName=self.table_name,
+                    Key={KEY_ATTRIBUTE: {"S": item_key(workflow_id)}},
+                    UpdateExpression=text,
+                    ConditionExpression=condition,
+                    ExpressionAttributeNames=names,
+                    ExpressionAttributeValues=attribute_values,
+                    ReturnValues="ALL_NEW",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                ),
+                budget=self._budget,
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise self._unavailable("UpdateItem", exc) from exc
+            old = exc.response.get("Item")
+            return False, decode(old if isinstance(old, Mapping) else None)
+        except _CONNECTION_ERRORS as exc:
+            raise self._unavailable("UpdateItem", exc) from exc
+        return True, decode(response.get("Attributes"))
+
+    def _unavailable(self, operation: str, exc: Exception) -> LedgerUnavailable:
+        return LedgerUnavailable(str(translate(exc, operation, service="dynamodb", resource=self.table_name)))
+
+
+def _placeholders(text: str, sigil: str) -> set[str]:
+    import re
+
+    return set(re.findall(re.escape(sigil) + r"(\w+)", text))
