@@ -49,6 +49,15 @@ class EmailSettings(BaseSettings):
     timeout_s: float = Field(default=30.0, gt=0)
 
 
+_configured: EmailSettings | None = None
+
+
+def configure(settings: EmailSettings | None) -> None:
+    """Use ``settings`` instead of the ``WORKER_EMAIL_*`` variables (``sqs-worker dev`` does; None: read them)."""
+    global _configured
+    _configured = settings
+
+
 class Email(BaseModel):
     """The payload of an ``email`` job."""
 
@@ -128,7 +137,7 @@ def provider_id(response: str) -> str:
 async def send_email(payload: Email, ctx: JobContext) -> dict[str, Any]:
     import aiosmtplib
 
-    settings = EmailSettings()
+    settings = _configured or EmailSettings()
     if not settings.sender or settings.templates is None:
         raise PermanentError("set WORKER_EMAIL_SENDER and WORKER_EMAIL_TEMPLATES to send email")
     rendered = render(load_templates(settings.templates), payload.template, payload.variables)

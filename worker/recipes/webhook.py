@@ -49,6 +49,15 @@ class WebhookSettings(BaseSettings):
     max_retry_after_s: int = Field(default=3600, ge=0)
 
 
+_configured: WebhookSettings | None = None
+
+
+def configure(settings: WebhookSettings | None) -> None:
+    """Use ``settings`` instead of the ``WORKER_WEBHOOK_*`` variables (``sqs-worker dev`` does; None: read them)."""
+    global _configured
+    _configured = settings
+
+
 class Webhook(BaseModel):
     """The payload of a ``webhook`` job."""
 
@@ -129,7 +138,7 @@ def request_body(payload: Webhook, delivery_id: str) -> bytes:
 
 async def deliver(payload: Webhook, ctx: JobContext) -> dict[str, Any]:
     """POST one signed delivery; the outcome follows ``judge``."""
-    settings = WebhookSettings()
+    settings = _configured or WebhookSettings()
     if settings.secret is None:
         raise PermanentError("WORKER_WEBHOOK_SECRET is not set: webhooks are never sent unsigned")
     delivery_id = payload.id or ctx.idempotency_key or ctx.message_id
