@@ -197,6 +197,22 @@ async def test_failed_members_are_listed_for_the_callback(env: Env) -> None:
     assert dead["MessageAttributes"]["workflow_id"]["StringValue"] == workflow_id
 
 
+async def test_a_member_of_unknown_type_counts_as_failed_so_the_group_finishes(env: Env) -> None:
+    members = [Job("square", {"i": 3}), Job("no_such_job", {})]
+    workflow_id = group(members, callback=Job("collect")).start(**env.start_kwargs())
+    async with running_worker(
+        env.backend.endpoint_url, env.queues, registry_for(env), ledger=env.ledger(), workflows=env.hooks
+    ):
+        [callback] = await env.wait_runs("collect", 1)
+    assert callback["results"] == [9, None]
+    [failure] = callback["failed"]
+    assert (failure["index"], failure["type"]) == (1, "no_such_job")
+    assert failure["error"].startswith("unknown_type: no handler is registered for job type 'no_such_job'")
+    [dead] = drain(env.backend.endpoint_url, env.queues.dlq_url, expect=1)
+    assert dead["MessageAttributes"]["error_category"]["StringValue"] == "unknown_type"
+    assert dead["MessageAttributes"]["workflow_id"]["StringValue"] == workflow_id
+
+
 async def test_dead_letter_policy_sends_the_callback_to_the_dlq(env: Env) -> None:
     members = [Job("square", {"i": 0}), Job("square", {"i": 1, "fail": True})]
     workflow_id = group(members, callback=Job("collect"), on_failure="dead_letter").start(**env.start_kwargs())

@@ -298,6 +298,9 @@ class Worker:
         try:
             job = prepare(message.body, self.registry)
         except InvalidMessage as exc:
+            if not await self._invalid_step(held, exc):
+                await self._finish(held, self._workflow_retry(held))
+                return False
             await self._finish(held, self.outcomes.dead_letter(held, exc.category, str(exc)))
             return False
         except Exception as exc:  # a payload model's validator that raises something else: the job's bug
@@ -484,6 +487,29 @@ class Worker:
             await self.workflows.failed(job.envelope, error, message_id=held.message.message_id)
         except (LedgerUnavailable, QueueUnavailable) as exc:
             log.error("could not record the failed step; trying again: %s", exc, extra=held.log_fields(self.queue.name))
+            return False
+        return True
+
+    async def _invalid_step(self, held: Held, error: InvalidMessage) -> bool:
+        """A workflow step whose envelope parsed but whose type or payload is refused still fails its step (a
+        group must not wait for it forever) before it is dead-lettered. False: the table could not record it."""
+        from worker.envelope import parse_envelope
+
+        try:
+            envelope = parse_envelope(held.message.body)
+        except InvalidMessage:
+            return True  # not an envelope: it names no workflow
+        if envelope.workflow is None:
+            return True
+        held.workflow_id = envelope.workflow.id
+        if self.workflows is None:
+            return True
+        try:
+            await self.workflows.failed(envelope, f"{error.category}: {error}", message_id=held.message.message_id)
+        except (LedgerUnavailable, QueueUnavailable) as exc:
+            log.error(
+                "could not record the refused step; trying again: %s", exc, extra=held.log_fields(self.queue.name)
+            )
             return False
         return True
 
