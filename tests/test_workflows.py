@@ -38,6 +38,7 @@ class Env:
     table: str
     dynamodb: Any
     runs: list[tuple[str, Any]] = field(default_factory=list)
+    fixed: bool = False  # the cause of the "fail" payloads is fixed: they succeed now
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def start_kwargs(self) -> dict[str, Any]:
@@ -90,7 +91,7 @@ def registry_for(env: Env) -> Registry:
 
     @registry.job("add", max_attempts=2, backoff_base_s=0)
     def add(payload: dict[str, Any], ctx: JobContext) -> int:
-        if payload.get("fail"):
+        if payload.get("fail") and not env.fixed:
             raise PermanentError("refused on purpose")
         total = int(payload["n"]) + int(ctx.previous_result or 0)
         env.record("add", (ctx.workflow_id, ctx.previous_result, total))
@@ -132,14 +133,23 @@ async def test_a_failed_step_dead_letters_with_the_chain_id_and_stops_the_chain(
         env.backend.endpoint_url, env.queues, registry_for(env), ledger=env.ledger(), workflows=env.hooks
     ) as running:
         await running.recorder.wait_count(Kind.DEAD_LETTERED, 1)
-    [dead] = drain(env.backend.endpoint_url, env.queues.dlq_url, expect=1)
-    assert dead["MessageAttributes"]["workflow_id"]["StringValue"] == workflow_id
-    assert dead["MessageAttributes"]["error_category"]["StringValue"] == "permanent"
-    assert len(env.of("add")) == 1  # the third step never ran
+        [dead] = drain(env.backend.endpoint_url, env.queues.dlq_url, expect=1)
+        assert dead["MessageAttributes"]["workflow_id"]["StringValue"] == workflow_id
+        assert dead["MessageAttributes"]["error_category"]["StringValue"] == "permanent"
+        assert len(env.of("add")) == 1  # the third step never ran
+        status = await env.status(workflow_id)
+        assert (status["state"], status["done"], status["total"]) == ("failed", 1, 3)
+        assert status["failed"] == [{"index": 1, "type": "add", "error": "PermanentError: refused on purpose"}]
+        assert_queue_empty(sqs_client(env.backend.endpoint_url), env.queues.queue_url)
+        # The cause fixed, the step requeued from the DLQ (its body as it was, as `dlq requeue` sends it): the
+        # chain resumes where it stopped.
+        env.fixed = True
+        send(env.backend.endpoint_url, env.queues.queue_url, dead["Body"])
+        runs = await env.wait_runs("add", 3)
+        await running.recorder.wait_count(Kind.SUCCEEDED, 3)
+    assert runs[1:] == [(workflow_id, 1, 3), (workflow_id, 3, 6)]
     status = await env.status(workflow_id)
-    assert (status["state"], status["done"], status["total"]) == ("failed", 1, 3)
-    assert status["failed"] == [{"index": 1, "type": "add", "error": "PermanentError: refused on purpose"}]
-    assert_queue_empty(sqs_client(env.backend.endpoint_url), env.queues.queue_url)
+    assert (status["state"], status["done"], status["failed"], status["result"]) == ("succeeded", 3, [], 6)
 
 
 async def test_group_callback_runs_once_through_duplicate_deliveries(env: Env) -> None:

@@ -54,6 +54,12 @@ log = logging.getLogger("worker.workflows")
 
 #: A ``sending`` flag older than this is taken over by any member's copy (its flipper's message is gone).
 STALE_SENDING_S = 120
+#: A chain step's success counts when the chain is at this step, running, or failed at this very step (the step
+#: was requeued from the DLQ and went through: the chain resumes).
+CHAIN_STEP_DONE = (
+    "attribute_exists(#key) AND #done_count = :index AND "
+    "(#state = :running OR (#state = :failed AND #failed_index = :index))"
+)
 FIRST_FINISH = "attribute_exists(#key) AND NOT contains(#done, :member)"
 
 
@@ -112,26 +118,24 @@ class WorkflowHooks:
     # ----------------------------------------------------------------------------------------------- chains
 
     async def _chain_step_done(self, ref: WorkflowRef, packed: Any) -> None:
+        following = ref.index + 1
+        state = "succeeded" if following >= ref.total else "running"
         ok, item = await self.store.update(
             ref.id,
-            assign={"done_count": ref.index + 1, "result": dump_result(packed)},
-            condition="attribute_exists(#key) AND #done_count = :index",
-            values={"index": ref.index},
+            assign={"done_count": following, "result": dump_result(packed), "state": state},
+            remove=("failed_index", "error"),
+            condition=CHAIN_STEP_DONE,
+            values={"index": ref.index, "running": "running", "failed": "failed"},
             now_ms=self._now_ms(),
         )
         if item is None:
             log.warning("chain %s has no item (expired or never started): its next step is not sent", ref.id)
             return
         steps = json.loads(str(item.get("steps") or "[]"))
-        following = ref.index + 1
-        if following >= len(steps):
-            if ok:
-                await self.store.update(
-                    ref.id, assign={"state": "succeeded"}, condition="attribute_exists(#key)", now_ms=self._now_ms()
-                )
-            return
+        if following >= len(steps) or item.get("state") == "failed":
+            return  # the last step, or a late copy of a step before the one that failed: nothing more runs
         if not ok and int(item.get("done_count", 0)) < following:
-            return  # an earlier step's copy, or a step after a failure: nothing to send
+            return  # a copy of a step the chain has not reached: cannot happen unless the item was replaced
         step = steps[following]
         key = step_key(ref.id, following)
         body = dump_envelope(

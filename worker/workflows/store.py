@@ -100,18 +100,21 @@ class WorkflowStore:
         *,
         assign: Mapping[str, Any],
         add: Mapping[str, set[str]] | None = None,
+        remove: tuple[str, ...] = (),
         condition: str,
         values: Mapping[str, Any] | None = None,
         now_ms: int,
     ) -> tuple[bool, Item | None]:
-        """One conditional UpdateItem: SET ``assign`` (and ``updated_at``), ADD to the sets of ``add``.
-        ``condition`` uses ``#name`` for attribute names and ``:name`` for ``values``. Returns (went through,
-        the item after it) or (False, the item before it, None when there is none)."""
+        """One conditional UpdateItem: SET ``assign`` (and ``updated_at``), ADD to the sets of ``add``, REMOVE
+        ``remove``. ``condition`` uses ``#name`` for attribute names and ``:name`` for ``values``. Returns (went
+        through, the item after it) or (False, the item before it, None when there is none)."""
         assign = {**assign, "updated_at": now_ms}
         text = "SET " + ", ".join(f"#{name} = :set_{name}" for name in assign)
         if add:
             text += " ADD " + ", ".join(f"#{name} :add_{name}" for name in add)
-        names = {f"#{name}": name for name in [*assign, *(add or {})]}
+        if remove:
+            text += " REMOVE " + ", ".join(f"#{name}" for name in remove)
+        names = {f"#{name}": name for name in [*assign, *(add or {}), *remove]}
         names.update({f"#{name}": name for name in _placeholders(condition, "#")})
         attribute_values = {f":set_{name}": encode(value) for name, value in assign.items()}
         attribute_values.update({f":add_{name}": encode(value) for name, value in (add or {}).items()})
