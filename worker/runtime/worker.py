@@ -31,6 +31,7 @@ from worker.runtime.heartbeat import EXTEND_BELOW_SHARE, Heartbeat
 from worker.runtime.held import Connectivity, Held
 from worker.runtime.outcomes import Outcomes
 from worker.runtime.slots import Slots, receive_loops
+from worker.runtime.steps import WorkflowSteps
 from worker.runtime.threads import JobThreads
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class Worker:
         self.observers = observers or Observers()
         self.ledger = ledger
         self.workflows = workflows
+        self._steps = WorkflowSteps(workflows, queue_name=queue.name)
         self._rng = rng or random.Random()
         self._slots = Slots(options.concurrency)
         self._groups: dict[str, deque[Held]] = {}
@@ -298,7 +300,7 @@ class Worker:
         try:
             job = prepare(message.body, self.registry)
         except InvalidMessage as exc:
-            if not await self._invalid_step(held, exc):
+            if not await self._steps.refused(held, exc):
                 await self._finish(held, self._workflow_retry(held))
                 return False
             await self._finish(held, self.outcomes.dead_letter(held, exc.category, str(exc)))
@@ -356,7 +358,7 @@ class Worker:
             if job.envelope.workflow is not None:  # its workflow may not have advanced yet (a crash in between)
                 from worker.workflows import recorded_result
 
-                advanced = self._advance(held, job, recorded_result(claim.record, key))
+                advanced = self._steps.succeeded(held, job.envelope, recorded_result(claim.record, key))
                 if not await asyncio.shield(advanced):
                     await self._finish(held, self._workflow_retry(held))
                     return False
@@ -426,7 +428,7 @@ class Worker:
             if not fenced_ok:
                 self._emit(Kind.CLAIM_LOST, held, reason="idempotency lease was taken over; not acknowledged")
                 return
-        if job.envelope.workflow is not None and not await self._advance(held, job, result_for_ledger(result)):
+        if not await self._steps.succeeded(held, job.envelope, result_for_ledger(result)):
             await self._workflow_retry(held)
             return
         await self.outcomes.ack(held)
@@ -455,7 +457,7 @@ class Worker:
             text = describe_error(error) + " (raised by the handler itself)"
         else:
             text = describe_error(error)
-        if decision.action is not Action.RETRY and not await self._workflow_failed(held, job, text):
+        if decision.action is not Action.RETRY and not await self._steps.failed(held, job.envelope, text):
             await self._ledger_settle(held, text, final=False)
             await self._workflow_retry(held)
             return
@@ -468,52 +470,8 @@ class Worker:
             await self._ledger_settle(held, text, final=True)
             await self.outcomes.dead_letter(held, decision.category, text, duration_s=duration_s)
 
-    async def _advance(self, held: Held, job: PreparedJob, result: Any) -> bool:
-        """Tell the workflow a step succeeded (send the next step, count the member). False: the table or queue
-        failed; the message is put back and its next copy (a completed duplicate) tries again."""
-        assert self.workflows is not None
-        try:
-            await self.workflows.succeeded(job.envelope, result, message_id=held.message.message_id)
-        except (LedgerUnavailable, QueueUnavailable) as exc:
-            log.error("could not advance the workflow; trying again: %s", exc, extra=held.log_fields(self.queue.name))
-            return False
-        return True
-
-    async def _workflow_failed(self, held: Held, job: PreparedJob, error: str) -> bool:
-        """Record a step's final failure in its workflow before it is dead-lettered. False: not recorded."""
-        if self.workflows is None or job.envelope.workflow is None:
-            return True
-        try:
-            await self.workflows.failed(job.envelope, error, message_id=held.message.message_id)
-        except (LedgerUnavailable, QueueUnavailable) as exc:
-            log.error("could not record the failed step; trying again: %s", exc, extra=held.log_fields(self.queue.name))
-            return False
-        return True
-
-    async def _invalid_step(self, held: Held, error: InvalidMessage) -> bool:
-        """A workflow step whose envelope parsed but whose type or payload is refused still fails its step (a
-        group must not wait for it forever) before it is dead-lettered. False: the table could not record it."""
-        from worker.envelope import parse_envelope
-
-        try:
-            envelope = parse_envelope(held.message.body)
-        except InvalidMessage:
-            return True  # not an envelope: it names no workflow
-        if envelope.workflow is None:
-            return True
-        held.workflow_id = envelope.workflow.id
-        if self.workflows is None:
-            return True
-        try:
-            await self.workflows.failed(envelope, f"{error.category}: {error}", message_id=held.message.message_id)
-        except (LedgerUnavailable, QueueUnavailable) as exc:
-            log.error(
-                "could not record the refused step; trying again: %s", exc, extra=held.log_fields(self.queue.name)
-            )
-            return False
-        return True
-
     async def _workflow_retry(self, held: Held) -> None:
+        """The workflow's state could not be written: the message comes back later and tells it again."""
         await self.outcomes.release(held, delay_s=LEDGER_RETRY_S, reason="workflow state unreachable")
 
     async def _ledger_settle(self, held: Held, error: str, *, final: bool) -> None:
