@@ -271,6 +271,11 @@ async def test_a_crash_between_flip_and_send_is_repaired_by_the_redelivered_memb
         hooks = WorkflowHooks(
             WorkflowStore(env.dynamodb, env.table), queue=queue, dlq=Queue(client, env.queues.dlq_url)
         )
+        ledger = env.ledger()  # the members' completions, as the worker records them before it tells the hooks
+        for index, member in enumerate(members):
+            assert member.idempotency_key is not None
+            claim = await ledger.claim(key=member.idempotency_key, job_type="square", payload_hash="h", lease_s=30)
+            assert await ledger.complete(claim, result=index * 10)
         await hooks.succeeded(members[0], 0, message_id="m0")
         with pytest.raises(QueueUnavailable):
             await hooks.succeeded(members[1], 1, message_id="m1")
@@ -285,7 +290,7 @@ async def test_a_crash_between_flip_and_send_is_repaired_by_the_redelivered_memb
     assert len(queue.sent) == 1
     callback = parse_envelope(queue.sent[0])
     assert callback.idempotency_key == f"workflow:{workflow_id}:callback"
-    assert callback.workflow is not None and callback.workflow.input["results"] == [0, 1]
+    assert callback.workflow is not None and callback.workflow.input["results"] == [0, 10]
     item = await WorkflowStore(env.dynamodb, env.table).get(workflow_id)
     assert item is not None and item["callback_state"] == "sent" and item["done"] == {"0", "1"}
 
@@ -311,13 +316,11 @@ def test_callback_input_lists_results_in_order_and_failures() -> None:
         "key": item_key("g"),
         "total": 3,
         "types": '["a","b","c"]',
-        "r_0": "1",
-        "r_2": '{"x":2}',
         "e_1": "boom",
         "failed": {"1"},
         "done": {"0", "1", "2"},
     }
-    assert callback_input("g", item) == {
+    assert callback_input("g", item, [1, "stale", {"x": 2}]) == {
         "group_id": "g",
         "results": [1, None, {"x": 2}],
         "failed": [{"index": 1, "type": "b", "error": "boom"}],

@@ -148,6 +148,20 @@ class WorkflowHooks:
 
     # ----------------------------------------------------------------------------------------------- groups
 
+    async def _results(self, workflow_id: str, total: int) -> list[Any]:
+        """The members' results from their ledger records (one BatchGetItem per 100), packed for the callback."""
+        from worker.idempotency import parse_record
+
+        keys = [step_key(workflow_id, index) for index in range(total)]
+        items = await self.store.batch_get(keys)
+        limit = inline_limit_bytes(total)
+        results = []
+        for key in keys:
+            item = items.get(key)
+            record = parse_record(item) if item is not None and "status" in item else None
+            results.append(pack_result(recorded_result(record, key), key=key, limit_bytes=limit))
+        return results
+
     def _sends(self, item: Item, message_id: str) -> bool:
         """Whether this member's message sends the callback: it flipped ``sending`` (first time or as the copy
         that reappears after its worker died), or the flip is older than STALE_SENDING_S (its message is gone,
@@ -163,10 +177,8 @@ class WorkflowHooks:
     ) -> None:
         member = str(ref.index)
         add = {"done": {member}}
-        if error is None:
-            packed = pack_result(result, key=key, limit_bytes=inline_limit_bytes(ref.total))
-            assign = {f"r_{member}": dump_result(packed)}
-        else:
+        assign: dict[str, Any] = {}
+        if error is not None:
             assign = {f"e_{member}": error}
             add["failed"] = {member}
         _, item = await self.store.update(
@@ -192,7 +204,7 @@ class WorkflowHooks:
         if not self._sends(item, message_id):
             return
         callback = json.loads(str(item["callback"]))
-        inputs = callback_input(workflow_id, item)
+        inputs = callback_input(workflow_id, item, await self._results(workflow_id, int(item.get("total", 0))))
         key = callback_key(workflow_id)
         body = dump_envelope(
             callback["type"],

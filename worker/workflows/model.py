@@ -8,8 +8,10 @@ Item attributes: ``kind`` (chain, group), ``total``, ``created_at``/``updated_at
 (epoch s, the table's TTL). A chain adds ``steps`` (JSON of its jobs), ``done_count``, ``state`` (running,
 succeeded, failed), ``failed_index``, ``error`` and ``result`` (the last step's, packed). A group adds ``types``
 (JSON list of its members' job types), ``callback`` (JSON of the callback job), ``on_failure``, ``done`` and
-``failed`` (String Sets of finished and failed member indexes), ``r_<i>`` (member i's packed result), ``e_<i>``
-(member i's error) and ``callback_state`` (absent, ``sending``, ``sent``).
+``failed`` (String Sets of finished and failed member indexes), ``e_<i>`` (failed member i's error) and
+``callback_state`` (absent, ``sending``, ``sent``). Members' results stay in their own ledger records (read once,
+with BatchGetItem, when the callback is sent): the group item stays small, so each member's write costs about
+one write unit however large the results are.
 """
 
 from __future__ import annotations
@@ -76,13 +78,13 @@ def pack_result(result: Any, *, key: str, limit_bytes: int) -> Any:
     return result if size <= limit_bytes else {"result_ref": key}
 
 
-def callback_input(workflow_id: str, item: dict[str, Any]) -> dict[str, Any]:
-    """What a group's callback gets as ``ctx.previous_result``: results in member order (None for a failed
+def callback_input(workflow_id: str, item: dict[str, Any], results: list[Any] | None = None) -> dict[str, Any]:
+    """What a group's callback gets as ``ctx.previous_result``: ``results`` in member order (None for a failed
     member) and the failures, each with its index, job type and error."""
     total = int(item.get("total", 0))
     types = _json_list(item.get("types"))
     failed = sorted(int(i) for i in item.get("failed") or ())
-    results = [_loads(item.get(f"r_{i}")) for i in range(total)]
+    results = [None if i in failed else r for i, r in enumerate(results or [None] * total)]
     return {
         "group_id": workflow_id,
         "results": results,

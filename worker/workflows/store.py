@@ -142,6 +142,33 @@ class WorkflowStore:
             raise self._unavailable("UpdateItem", exc) from exc
         return True, decode(response.get("Attributes"))
 
+    async def batch_get(self, keys: list[str]) -> dict[str, Item]:
+        """The items of ``keys`` that exist (strongly consistent), 100 per BatchGetItem; unprocessed keys (DynamoDB
+        throttling) are asked again, within the budget's retries."""
+        found: dict[str, Item] = {}
+        for start in range(0, len(keys), 100):
+            pending = [{KEY_ATTRIBUTE: {"S": key}} for key in keys[start : start + 100]]
+            for _ in range(10):
+                request = {self.table_name: {"Keys": pending, "ConsistentRead": True}}
+                try:
+                    response = await call_with_budget(
+                        lambda request=request: self._client.batch_get_item(RequestItems=request),  # type: ignore[misc]
+                        budget=self._budget,
+                    )
+                except (ClientError, *_CONNECTION_ERRORS) as exc:
+                    raise self._unavailable("BatchGetItem", exc) from exc
+                for raw in response.get("Responses", {}).get(self.table_name, []):
+                    item = decode(raw)
+                    if item is not None:
+                        found[str(item[KEY_ATTRIBUTE])] = item
+                pending = response.get("UnprocessedKeys", {}).get(self.table_name, {}).get("Keys", [])
+                if not pending:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise LedgerUnavailable(f"BatchGetItem on {self.table_name}: keys left unprocessed after 10 tries")
+        return found
+
     def _unavailable(self, operation: str, exc: Exception) -> LedgerUnavailable:
         return LedgerUnavailable(str(translate(exc, operation, service="dynamodb", resource=self.table_name)))
 
