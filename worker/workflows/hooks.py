@@ -15,6 +15,7 @@ It calls ``failed`` before a step is dead-lettered. Every call is safe to repeat
   finds ``sending`` by itself and sends; the ledger runs the callback once even if the first send did go out.
   Other copies leave a ``sending`` flag alone unless it is older than STALE_SENDING_S (its message went to the
   DLQ after too many receives), so a second send happens only after a crash. After ``sent``, never again.
+  The callback's input is read from the members' ledger records (BatchGetItem), not kept in the group item.
 
 A failure of the table or the queue raises (LedgerUnavailable, QueueUnavailable): the worker puts the message
 back and the next copy repeats the call.
@@ -98,7 +99,7 @@ class WorkflowHooks:
         if ref.kind == "chain":
             await self._chain_step_done(ref, pack_result(result, key=key, limit_bytes=MAX_INLINE_RESULT_BYTES))
         elif ref.kind == "group":
-            await self._member_finished(ref, result=result, key=key, error=None, message_id=message_id)
+            await self._member_finished(ref, error=None, message_id=message_id)  # its result: in its ledger record
 
     async def failed(self, envelope: Envelope, error: str, *, message_id: str) -> None:
         ref = envelope.workflow
@@ -113,7 +114,7 @@ class WorkflowHooks:
                 now_ms=self._now_ms(),
             )
         elif ref.kind == "group":
-            await self._member_finished(ref, result=None, key="", error=error, message_id=message_id)
+            await self._member_finished(ref, error=error, message_id=message_id)
 
     # ----------------------------------------------------------------------------------------------- chains
 
@@ -172,9 +173,7 @@ class WorkflowHooks:
             return True
         return self._now_ms() - int(item.get("callback_at", 0)) > STALE_SENDING_S * 1000
 
-    async def _member_finished(
-        self, ref: WorkflowRef, *, result: Any, key: str, error: str | None, message_id: str
-    ) -> None:
+    async def _member_finished(self, ref: WorkflowRef, *, error: str | None, message_id: str) -> None:
         member = str(ref.index)
         add = {"done": {member}}
         assign: dict[str, Any] = {}
