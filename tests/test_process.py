@@ -152,7 +152,7 @@ def test_schema_prints_the_envelope_schema() -> None:
     result = cli("schema", env=worker_env("http://127.0.0.1:9"))
     schema = json.loads(result.stdout)
     assert schema["required"] == ["type"]
-    assert set(schema["properties"]) == {"type", "payload", "idempotency_key"}
+    assert set(schema["properties"]) == {"type", "payload", "idempotency_key", "workflow"}  # workflow: README
     assert schema["additionalProperties"] is False
 
 

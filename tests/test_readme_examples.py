@@ -41,7 +41,11 @@ NOT_RUN = {
     ),
 }
 #: Commands that run until a signal: started in the background, stopped (SIGTERM) after the other examples.
-BACKGROUND = {"sqs-worker run", "sqs-worker dashboard --port 8282"}
+BACKGROUND = {
+    "sqs-worker run",
+    "sqs-worker dashboard --port 8282",
+    "WORKER_QUEUE=flows WORKER_HANDLERS=app.flows sqs-worker run",
+}
 #: Inline commands of the README's prose that are run too, after the fenced blocks (not the CLI table's synopses).
 INLINE_COMMANDS = re.compile(r"`(sqs-worker enqueue \w+ --payload '[^`']+')`")
 
@@ -128,7 +132,7 @@ def backgrounded(script: str, folder: Path) -> str:
     for line in script.splitlines():
         command = line.split("#", 1)[0].strip()
         if command in BACKGROUND:
-            name = command.replace(" ", "-")
+            name = command.split("=")[-1].replace(" ", "-") if "=" in command else command.replace(" ", "-")
             log, pid, status = (f'"{folder}/{name}.{suffix}"' for suffix in ("log", "pid", "status"))
             line = f"({command} >{log} 2>&1 & echo $! >{pid}; wait $!; echo $? >{status}) >/dev/null 2>&1 &"
         lines.append(line)
@@ -221,9 +225,8 @@ def test_readme_examples_run_as_written(dev_server: dict[str, str], tmp_path: Pa
         with urllib.request.urlopen("http://127.0.0.1:8282/", timeout=10) as page:
             assert "Overview" in page.read().decode()
     finally:
-        for name in ("sqs-worker-run", "sqs-worker-dashboard---port-8282"):
-            if (folder / f"{name}.pid").is_file():
-                stop_background(folder, name)
+        for pid in sorted(folder.glob("*.pid")):
+            stop_background(folder, pid.stem)
 
 
 def stop_background(folder: Path, name: str) -> None:

@@ -32,6 +32,10 @@ class JobContext:
     logger: logging.LoggerAdapter[logging.Logger]
     #: Receives of the job so far, this one included (``attempt`` counts only those that ran the handler).
     receive_count: int = 0
+    #: The chain or group this job is a step of (``worker.workflows``), else None.
+    workflow_id: str | None = None
+    #: In a chain, the previous step's result; in a group's callback, the members' results and failures.
+    previous_result: Any = None
     _progress: ProgressSink = field(default=_no_progress, repr=False)
     #: What the lifespans yielded (``worker.lifecycle``): ``ctx.resources["http"]``.
     resources: Resources = field(default_factory=Resources, repr=False)

@@ -4,8 +4,9 @@ Every record is one SQS accepts: string values hold only the characters SQS allo
 and body plus attributes fit the DLQ's maximum message size, measured as SQS measures it (body bytes, plus for
 each attribute its name, data type and value bytes). When they do not fit, the body stays byte for byte and
 the attributes give way, least useful first: the original message's own attributes (largest first), then
-``error_message`` is shortened, then ``receive_count``, ``failed_at``, ``source_queue``, ``attempts``,
-``original_message_id``, ``error_message`` are dropped; ``error_category`` goes last.
+``error_message`` is shortened, then ``workflow_id`` (the body's ``workflow`` field still names it),
+``receive_count``, ``failed_at``, ``source_queue``, ``attempts``, ``original_message_id``, ``error_message``
+are dropped; ``error_category`` goes last.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from worker.policy import safe_text, truncate, truncate_utf8
 CATEGORIES = ("invalid_message", "unknown_type", "invalid_payload", "permanent", "bug", "exhausted")
 
 ERROR_MESSAGE_LIMIT = 1000
-#: SQS allows at most 10 message attributes per message; ours take 7.
+#: SQS allows at most 10 message attributes per message; ours take 7 (8 for a workflow step).
 MAX_MESSAGE_ATTRIBUTES = 10
 #: SQS's maximum message size (body and attributes) since August 2025; a queue may set a lower one.
 SQS_MAX_MESSAGE_BYTES = 1_048_576
@@ -32,11 +33,13 @@ OUR_ATTRIBUTES = (
     "failed_at",
     "source_queue",
     "original_message_id",
+    "workflow_id",
 )
 #: ``error_message`` is shortened down to this many bytes before other attributes are dropped.
 MIN_ERROR_MESSAGE_BYTES = 64
 #: The order our attributes are dropped in when even a short ``error_message`` does not fit.
 DROP_ORDER = (
+    "workflow_id",
     "receive_count",
     "failed_at",
     "source_queue",
@@ -88,6 +91,7 @@ def dead_letter_record(
     original: dict[str, Any] | None = None,
     body: str = "",
     max_message_bytes: int = SQS_MAX_MESSAGE_BYTES,
+    workflow_id: str | None = None,
 ) -> DeadLetterRecord:
     """The attributes of a dead-letter record for ``body``, sanitized and trimmed to fit ``max_message_bytes``.
 
@@ -104,6 +108,8 @@ def dead_letter_record(
         "source_queue": safe_text(source_queue),
         "original_message_id": safe_text(original_message_id),
     }
+    if workflow_id:
+        ours["workflow_id"] = safe_text(workflow_id)
     attributes: dict[str, dict[str, Any]] = {}
     for name, value in (original or {}).items():
         if name in ours or len(attributes) >= MAX_MESSAGE_ATTRIBUTES - len(ours):

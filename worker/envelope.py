@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -17,6 +17,18 @@ from worker.errors import InvalidMessage
 INVALID_MESSAGE = "invalid_message"
 UNKNOWN_TYPE = "unknown_type"
 INVALID_PAYLOAD = "invalid_payload"
+
+
+class WorkflowRef(BaseModel):
+    """Where a message stands in a workflow (``worker.workflows``): set by ``chain``/``group``, not by hand."""
+
+    model_config = ConfigDict(extra="forbid", title="workflow step")
+
+    id: str = Field(min_length=1, max_length=128, description="The workflow's id.")
+    kind: Literal["chain", "group", "callback"] = Field(description="A chain step, a group member or its callback.")
+    index: int = Field(ge=0, le=100_000, description="The step's or member's position (0-based).")
+    total: int = Field(ge=1, le=100_000, description="How many steps or members the workflow has.")
+    input: Any = Field(default=None, description="The previous step's result; for a callback, the members'.")
 
 
 class Envelope(BaseModel):
@@ -32,6 +44,7 @@ class Envelope(BaseModel):
         max_length=1024,
         description="Jobs with the same key take effect once (needs the idempotency table).",
     )
+    workflow: WorkflowRef | None = Field(default=None, description="Set on the steps of a chain or group.")
 
 
 #: Deepest nesting of objects and arrays a body may have: deeper input is refused before any code walks it
@@ -132,7 +145,12 @@ def envelope_schema() -> dict[str, Any]:
     return schema
 
 
-def dump_envelope(job_type: str, payload: dict[str, Any], idempotency_key: str | None = None) -> str:
+def dump_envelope(
+    job_type: str,
+    payload: dict[str, Any],
+    idempotency_key: str | None = None,
+    workflow: WorkflowRef | None = None,
+) -> str:
     """The body a producer sends: compact JSON of the envelope."""
-    envelope = Envelope(type=job_type, payload=payload, idempotency_key=idempotency_key)
+    envelope = Envelope(type=job_type, payload=payload, idempotency_key=idempotency_key, workflow=workflow)
     return envelope.model_dump_json(exclude_none=True)

@@ -31,7 +31,7 @@ from typing import IO
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO_ROOT / ".tools" / "localstack-venv"
-SERVICES = "sqs,dynamodb,events,scheduler,cloudwatch,logs,sts"
+SERVICES = "sqs,dynamodb,s3,events,scheduler,cloudwatch,logs,sts"
 READY_LINE = "Ready."
 LOG_TAIL_LINES = 60
 _UP = frozenset({"available", "running"})

@@ -99,7 +99,9 @@ async def running_worker(
     max_hop_s: int = 900,
     ledger: Any = None,
     rng: random.Random | None = None,
+    workflows: Callable[[Any, Any], Any] | None = None,
 ) -> AsyncIterator[Running]:
+    """``workflows``: makes the worker's WorkflowHooks from its queue and DLQ."""
     async with contextlib.AsyncExitStack() as stack:
         queue: MessageQueue
         dlq: MessageQueue
@@ -125,6 +127,7 @@ async def running_worker(
             observers=Observers([recorder]),
             ledger=ledger,
             rng=rng,
+            workflows=workflows(queue, dlq) if workflows is not None else None,
         )
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))

@@ -1,7 +1,9 @@
-"""``sqs-worker status KEY [--json] [--table NAME]``: what happened to the job with idempotency key KEY.
+"""``sqs-worker status KEY [--json] [--table NAME]``: what happened to the job with idempotency key KEY, or to
+the workflow (chain or group) with id KEY.
 
 Prints the ledger record: state (RUNNING, RETRY_PENDING, LEASE_LAPSED, COMPLETED, FAILED, EXPIRED), attempts,
-last error, progress, result, owner and lease. The table is WORKER_IDEMPOTENCY_TABLE unless --table is given.
+last error, progress, result, owner and lease. For a workflow: its state, n of m steps or members done, the
+failed ones, and the result of its last step or callback. The table is WORKER_IDEMPOTENCY_TABLE unless --table is given.
 Exit code 0 when a record exists, 3 when there is none (never claimed, or expired and swept), 2 when the table
 cannot be read (unreachable endpoint, refused credentials, no access, no such table) or on a configuration error.
 """
@@ -22,6 +24,7 @@ from worker.commands import plain_help
 from worker.errors import ConfigError
 from worker.idempotency import Ledger, Record, storage_key
 from worker.settings import load_settings
+from worker.workflows import WorkflowStatus, load_status
 
 #: The command reads the ledger only; WORKER_QUEUE need not be set where it runs.
 _NO_QUEUE = "(not used by the status command)"
@@ -35,7 +38,7 @@ def add_parser(subparsers: Any) -> None:
         description=plain_help(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("key", metavar="KEY", help="the idempotency key (as in ctx.idempotency_key)")
+    parser.add_argument("key", metavar="KEY", help="the idempotency key (as in ctx.idempotency_key), or a workflow id")
     parser.add_argument("--json", action="store_true", help="print the record as one JSON object")
     parser.add_argument("--table", default=None, help="the table (default: WORKER_IDEMPOTENCY_TABLE)")
     parser.set_defaults(func=run)
@@ -45,8 +48,12 @@ def run(args: argparse.Namespace) -> int:
     table = args.table or load_settings(queue=_NO_QUEUE).idempotency_table
     if not table:
         raise ConfigError("no idempotency table: set WORKER_IDEMPOTENCY_TABLE or pass --table")
-    record = asyncio.run(fetch(table, storage_key(args.key)))
+    found = asyncio.run(fetch_any(table, storage_key(args.key)))
     now_ms = int(time.time() * 1000)
+    if isinstance(found, WorkflowStatus):
+        print(json.dumps(found.to_json(), ensure_ascii=False) if args.json else found.format())
+        return 0
+    record = found
     if record is None:
         if args.json:
             print(json.dumps({"key": args.key, "state": None}))
@@ -58,6 +65,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_record(record, now_ms))
     return 0
+
+
+async def fetch_any(table: str, key: str) -> Record | WorkflowStatus | None:
+    """The ledger record of ``key``, or the status of the workflow ``key`` (or ``workflow:key``)."""
+    async with async_client("dynamodb") as client:
+        status = await load_status(client, table, key, budget=NO_RETRY)
+        if status is not None:
+            return status
+        return await Ledger(client, table, owner="sqs-worker-status", budget=NO_RETRY).get(key)
 
 
 async def fetch(table: str, key: str) -> Record | None:

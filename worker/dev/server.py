@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from worker.dev.localaws import LocalAws
+from worker.dev.recipes import DEV_BUCKET, DEV_WEBHOOK_SECRET, RECIPE_MODULES, Receivers, demo_jobs, wire_recipes
 from worker.settings import AwsConnection, AwsSettings, WorkerSettings, load_settings
 
 if TYPE_CHECKING:
@@ -70,13 +71,22 @@ async def _dev(settings: WorkerSettings, *, demo: bool) -> int:
     from worker.runtime.service import serve
 
     configure_logging(settings)
-    import_handlers(["worker.examples", *settings.handlers])
+    receivers = _recipe_receivers(settings)
+    import_handlers(["worker.examples", *(RECIPE_MODULES if receivers else []), *settings.handlers])
     connection = settings.aws()
     client = sync_client("sqs", connection=connection.client_kwargs())
     created = ensure_queues(client, settings.queue, max_receive_count=default_max_receive_count())
     if settings.idempotency_table:
         await _ensure_table(connection, settings.idempotency_table)
     companions: list[Companion] = []
+    recipes_note = "recipes: off (they need the idempotency table and the [dev] extra's aiosmtpd and aiosmtplib)"
+    if receivers is not None:
+        wire_recipes(connection, queue=settings.queue, table=settings.idempotency_table, receivers=receivers)
+        companions.append(receivers.serve)
+        recipes_note = (
+            f"recipes: SMTP receiver at 127.0.0.1:{receivers.smtp_port}, webhook receiver at {receivers.webhook_url}"
+            f" (secret {DEV_WEBHOOK_SECRET}), reports in s3://{DEV_BUCKET}; demo report: sqs-worker status report-demo"
+        )
     schedules_note = "no schedules file (set WORKER_SCHEDULES_FILE)"
     if settings.schedules_file:
         companions.append(_scheduler(connection, settings.schedules_file, created.queue_url))
@@ -88,6 +98,7 @@ sqs-worker dev: local AWS at {connection.endpoint_url}
   queue {created.queue_url}
   DLQ   {created.dlq_url}
   {schedules_note}
+  {recipes_note}
 {banner(settings)}
 Stop with Ctrl-C.
 """,
@@ -96,9 +107,21 @@ Stop with Ctrl-C.
     )
     if demo:
         jobs = [Job(job_type, payload, key) for job_type, payload, key in DEMO_JOBS]
+        jobs += demo_jobs(receivers) if receivers is not None else []
         await asyncio.to_thread(enqueue_many, client, created.queue_url, jobs)
     await serve(settings, default_registry, companions=companions)
     return 0
+
+
+def _recipe_receivers(settings: WorkerSettings) -> Receivers | None:
+    """The recipes' local receivers, when the recipes can run here (a table, and the [dev] extra's packages)."""
+    import importlib.util
+
+    if not settings.idempotency_table:
+        return None
+    if any(importlib.util.find_spec(name) is None for name in ("aiosmtpd", "aiosmtplib")):
+        return None
+    return Receivers()
 
 
 def exports(settings: WorkerSettings) -> dict[str, str]:

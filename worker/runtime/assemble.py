@@ -132,6 +132,8 @@ async def open_worker(
         sqs: SQSClient = await stack.enter_async_context(async_client("sqs", config=config, connection=connection))
         queue_url, dlq_url = await wait_for_endpoint(sqs, settings, stop)
         ledger: Any = None
+        workflows: Any = None
+        queue, dlq = Queue(sqs, queue_url), Queue(sqs, dlq_url)
         if settings.idempotency_table:
             from worker.idempotency import Ledger
 
@@ -139,10 +141,13 @@ async def open_worker(
             await check_table(dynamodb, settings.idempotency_table)
             ledger = Ledger(dynamodb, settings.idempotency_table, owner=worker_id())
             stack.push_async_callback(ledger.aclose)
+            from worker.workflows import WorkflowHooks, WorkflowStore
+
+            workflows = WorkflowHooks(WorkflowStore(dynamodb, settings.idempotency_table), queue=queue, dlq=dlq)
         yield Worker(
             registry=registry,
-            queue=Queue(sqs, queue_url),
-            dlq=Queue(sqs, dlq_url),
+            queue=queue,
+            dlq=dlq,
             options=RuntimeOptions(
                 concurrency=settings.concurrency,
                 visibility_timeout_s=settings.visibility_timeout_s,
@@ -151,4 +156,5 @@ async def open_worker(
             ),
             observers=observers,
             ledger=ledger,
+            workflows=workflows,
         )

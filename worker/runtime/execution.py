@@ -80,6 +80,9 @@ def build_context(
         logger=job_logger(job.spec, message_id, attempt),
         receive_count=receive_count if receive_count is not None else attempt,
     )
+    if job.envelope.workflow is not None:
+        context.workflow_id = job.envelope.workflow.id
+        context.previous_result = job.envelope.workflow.input
     if progress is not None:
         context._progress = progress
     if resources is not None:

@@ -32,6 +32,7 @@ class Held:
     #: Handler runs of this job, this one included, and its receives (see ``worker.flow.attempts``).
     attempt: int = 1
     receive_count: int = 1
+    workflow_id: str | None = None
     extension: asyncio.Task[None] | None = field(default=None, repr=False)
     handler: asyncio.Future[Any] | None = field(default=None, repr=False)
     #: The last event about this message (the attempt's outcome once applied; read by the tracing span).

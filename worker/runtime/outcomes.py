@@ -57,6 +57,7 @@ class Decided:
     job_type: str | None
     owner: str
     sent: bool = False
+    workflow_id: str | None = None
 
 
 class Outcomes:
@@ -183,7 +184,10 @@ class Outcomes:
         if previous is not None and previous.sent:
             await self._delete_dead_lettered(held)
             return
-        entry = self._remember(message.message_id, Decided(category, error, held.job_type, message.receipt_handle))
+        entry = self._remember(
+            message.message_id,
+            Decided(category, error, held.job_type, message.receipt_handle, workflow_id=held.workflow_id),
+        )
         attributes = await self._attributes(held, category, error)
         tries, first_try = 0, time.monotonic()
         while True:
@@ -255,6 +259,7 @@ class Outcomes:
             original=without_counts(message.message_attributes),
             body=message.body,
             max_message_bytes=limit,
+            workflow_id=held.workflow_id,
         )
         if record.trimmed:
             log.warning(

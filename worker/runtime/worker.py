@@ -48,10 +48,12 @@ from worker.runtime.heartbeat import EXTEND_BELOW_SHARE, Heartbeat
 from worker.runtime.held import Connectivity, Held
 from worker.runtime.outcomes import Outcomes
 from worker.runtime.slots import Slots, receive_loops
+from worker.runtime.steps import WorkflowSteps
 from worker.runtime.threads import JobThreads
 
 if TYPE_CHECKING:
     from worker.idempotency import Claim, Ledger
+    from worker.workflows import WorkflowHooks
 
 log = logging.getLogger("worker")
 
@@ -89,6 +91,7 @@ class Worker:
         observers: Observers | None = None,
         ledger: Ledger | None = None,
         rng: random.Random | None = None,
+        workflows: WorkflowHooks | None = None,
     ) -> None:
         self.registry = registry
         self.queue = queue
@@ -96,6 +99,8 @@ class Worker:
         self.options = options
         self.observers = observers or Observers()
         self.ledger = ledger
+        self.workflows = workflows
+        self._steps = WorkflowSteps(workflows, queue_name=queue.name)
         self._rng = rng or random.Random()
         self._slots = Slots(options.concurrency)
         self._groups: dict[str, deque[Held]] = {}
@@ -329,17 +334,27 @@ class Worker:
         decided = self.outcomes.decided(message.message_id)
         if decided is not None:  # decided dead before (its dead-letter send or delete did not go through)
             held.job_type = decided.job_type
+            held.workflow_id = decided.workflow_id
             await self._finish(held, self.outcomes.dead_letter(held, decided.category, decided.error))
             return False
         try:
             job = prepare(message.body, self.registry)
         except InvalidMessage as exc:
+            if not await self._steps.refused(held, exc):
+                await self._finish(held, self._workflow_retry(held))
+                return False
             await self._finish(held, self.outcomes.dead_letter(held, exc.category, str(exc)))
             return False
         except Exception as exc:  # a payload model's validator that raises something else: the job's bug
             await self._finish(held, self.outcomes.dead_letter(held, BUG, "payload model: " + describe_error(exc)))
             return False
         held.job_type = job.spec.name
+        if job.envelope.workflow is not None:
+            held.workflow_id = job.envelope.workflow.id
+            if self.workflows is None or self.ledger is None:
+                reason = "a workflow step needs WORKER_IDEMPOTENCY_TABLE (the workflow's state is kept there)"
+                await self._finish(held, self.outcomes.dead_letter(held, PERMANENT, reason))
+                return False
         verdict = await self._due(held)
         if verdict is not None:
             return verdict
@@ -403,6 +418,13 @@ class Worker:
             return False
         self._dynamodb.up()
         if claim.outcome == "completed":
+            if job.envelope.workflow is not None:  # its workflow may not have advanced yet (a crash in between)
+                from worker.workflows import recorded_result
+
+                advanced = self._steps.succeeded(held, job.envelope, recorded_result(claim.record, key))
+                if not await asyncio.shield(advanced):
+                    await self._finish(held, self._workflow_retry(held))
+                    return False
             await self._finish(held, self.outcomes.ack(held))
             self._emit(Kind.DUPLICATE_SKIPPED, held, idempotency_key=key)
             return True
@@ -465,10 +487,10 @@ class Worker:
         except Exception as exc:
             await self._finish(held, self._failed(held, job, exc, time.monotonic() - started))
             return False
-        await self._finish(held, self._succeeded(held, result, time.monotonic() - started))
+        await self._finish(held, self._succeeded(held, job, result, time.monotonic() - started))
         return True
 
-    async def _succeeded(self, held: Held, result: Any, duration_s: float) -> None:
+    async def _succeeded(self, held: Held, job: PreparedJob, result: Any, duration_s: float) -> None:
         if held.claim is not None and self.ledger is not None:
             try:
                 fenced_ok = await self._complete_claim(held.claim, result_for_ledger(result))
@@ -481,6 +503,9 @@ class Worker:
             if not fenced_ok:
                 self._emit(Kind.CLAIM_LOST, held, reason="idempotency lease was taken over; not acknowledged")
                 return
+        if not await self._steps.succeeded(held, job.envelope, result_for_ledger(result)):
+            await self._workflow_retry(held)
+            return
         await self.outcomes.ack(held)
         self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)
 
@@ -493,6 +518,10 @@ class Worker:
         decision, text = judge_failure(
             job, error, attempt=held.attempt, max_attempts=job.spec.max_attempts, rng=self._rng
         )
+        if decision.action is not Action.RETRY and not await self._steps.failed(held, job.envelope, text):
+            await self._ledger_settle(held, text, final=False)
+            await self._workflow_retry(held)
+            return
         if decision.action is Action.RETRY:
             assert decision.delay_s is not None
             await self._ledger_settle(held, text, final=False)
@@ -501,6 +530,10 @@ class Worker:
             assert decision.category is not None
             await self._ledger_settle(held, text, final=True)
             await self.outcomes.dead_letter(held, decision.category, text, duration_s=duration_s)
+
+    async def _workflow_retry(self, held: Held) -> None:
+        """The workflow's state could not be written: the message comes back later and tells it again."""
+        await self.outcomes.release(held, delay_s=LEDGER_RETRY_S, reason="workflow state unreachable")
 
     async def _ledger_settle(self, held: Held, error: str, *, final: bool) -> None:
         if held.claim is None or self.ledger is None:

@@ -40,7 +40,7 @@ locals {
       var.create_idempotency_table ? [{
         Sid      = "UseTheIdempotencyTable"
         Effect   = "Allow"
-        Action   = ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"]
+        Action   = ["dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"]
         Resource = [aws_dynamodb_table.idempotency[0].arn]
       }] : [],
       local.kms_statements,

@@ -96,7 +96,7 @@ run "task_role_least_privilege" {
   }
 
   assert {
-    condition     = toset(one([for s in jsondecode(aws_iam_role_policy.task[0].policy).Statement : s.Action if s.Sid == "UseTheIdempotencyTable"])) == toset(["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"])
+    condition     = toset(one([for s in jsondecode(aws_iam_role_policy.task[0].policy).Statement : s.Action if s.Sid == "UseTheIdempotencyTable"])) == toset(["dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"])
     error_message = "item reads and writes only: no scans, no table administration"
   }
 
