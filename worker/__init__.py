@@ -14,9 +14,11 @@ from worker.errors import (
     RetryableError,
     WorkerError,
 )
+from worker.flow import Breaker
 from worker.jobs import JobSpec, Registry, default_registry, job
 
 __all__ = [
+    "Breaker",
     "ConfigError",
     "InvalidMessage",
     "JobContext",

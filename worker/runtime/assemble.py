@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import uuid
@@ -104,6 +105,28 @@ async def check_table(client: Any, table: str) -> None:
         raise ConfigError(f"idempotency table {table!r}: {error}") from exc
 
 
+def local_gate(registry: Registry) -> Any:
+    """Rate limits and breakers of this worker alone (no table); says so once when a job has either."""
+    from worker.flow.gate import Gate
+
+    limited = [spec.name for spec in registry.specs() if spec.rate is not None or spec.breaker is not None]
+    if limited:
+        logging.getLogger("worker").warning(
+            "WORKER_IDEMPOTENCY_TABLE is not set: the rate limits and circuit breakers of %s are local to this "
+            "worker (each worker of a fleet applies them on its own)",
+            ", ".join(limited),
+        )
+    return Gate(owner=worker_id())
+
+
+def shared_gate(dynamodb: Any, table: str, *, owner: str) -> Any:
+    """Rate limits and breakers shared by every worker of the fleet through the idempotency table."""
+    from worker.flow.gate import Gate
+    from worker.flow.store import DynamoFlowStore
+
+    return Gate(DynamoFlowStore(dynamodb, table), owner=owner)
+
+
 @contextlib.asynccontextmanager
 async def open_worker(
     settings: WorkerSettings,
@@ -127,6 +150,7 @@ async def open_worker(
         sqs: SQSClient = await stack.enter_async_context(async_client("sqs", config=config, connection=connection))
         queue_url, dlq_url = await wait_for_endpoint(sqs, settings, stop)
         ledger: Any = None
+        gate = None
         if settings.idempotency_table:
             from worker.idempotency import Ledger
 
@@ -134,6 +158,9 @@ async def open_worker(
             await check_table(dynamodb, settings.idempotency_table)
             ledger = Ledger(dynamodb, settings.idempotency_table, owner=worker_id())
             stack.push_async_callback(ledger.aclose)
+            gate = shared_gate(dynamodb, settings.idempotency_table, owner=ledger.owner)
+        else:
+            gate = local_gate(registry)
         yield Worker(
             registry=registry,
             queue=Queue(sqs, queue_url),
@@ -146,4 +173,5 @@ async def open_worker(
             ),
             observers=observers,
             ledger=ledger,
+            gate=gate,
         )

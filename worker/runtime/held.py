@@ -12,6 +12,7 @@ from worker.backends.sqs import Message
 from worker.observability.events import Event, Kind, Observers
 
 if TYPE_CHECKING:
+    from worker.flow.gate import Ticket
     from worker.idempotency import Claim
 
 log = logging.getLogger("worker")
@@ -29,6 +30,7 @@ class Held:
     claim: Claim | None = None
     lease_lost: bool = False
     job_type: str | None = None
+    ticket: Ticket | None = None  # what the flow gate let through (rate limit, breaker), for its report
     extension: asyncio.Task[None] | None = field(default=None, repr=False)
     handler: asyncio.Future[Any] | None = field(default=None, repr=False)
 

@@ -97,6 +97,17 @@ class Outcomes:
             log.warning("could not release the message: %s", exc, extra=held.log_fields(self.queue.name))
         self.emit(Kind.RELEASED, held, delay_s=float(delay_s), reason=reason)
 
+    async def hold_back(self, held: Held, delay_s: int, reason: str) -> None:
+        """Put a message back unrun for ``delay_s`` (a rate limit's turn, an open circuit breaker): nothing failed,
+        the handler did not run. Capped by SQS's 12 hours from the receive."""
+        await self.settle(held)
+        delay_s = min(delay_s, visibility_cap_s(elapsed_since_receive_s=time.monotonic() - held.received_at))
+        try:
+            await self.queue.set_visibility(held.message.receipt_handle, delay_s)
+        except (EntryFailed, QueueUnavailable) as exc:
+            log.warning("could not hold the message back: %s", exc, extra=held.log_fields(self.queue.name))
+        self.emit(Kind.RELEASED, held, delay_s=float(delay_s), reason=reason)
+
     def decided(self, message_id: str) -> Decided | None:
         """The dead-letter decision already taken for this message, if this worker took one."""
         return self._decided.get(message_id)

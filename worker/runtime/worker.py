@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 from worker.backends.sqs import Message, Queue
 from worker.budgets import RECEIVE, retry_delay_s
 from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable
+from worker.flow.gate import Gate, Outcome, Step, change_event, flow_keys
 from worker.jobs import Registry
 from worker.observability.events import Kind, Observers
-from worker.policy import BUG, PERMANENT, Action, classify_failure, describe_error, error_text
+from worker.policy import BUG, EXHAUSTED, PERMANENT, Action, classify_failure, describe_error, error_text
 from worker.runtime.execution import PreparedJob, build_context, call_handler, prepare, result_for_ledger
 from worker.runtime.heartbeat import EXTEND_BELOW_SHARE, Heartbeat
 from worker.runtime.held import Connectivity, Held
@@ -70,6 +71,7 @@ class Worker:
         observers: Observers | None = None,
         ledger: Ledger | None = None,
         rng: random.Random | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.registry = registry
         self.queue = queue
@@ -106,6 +108,9 @@ class Worker:
         )
         self.fatal: BaseException | None = None
         self._warned_unguarded = False
+        #: Rate limits and circuit breakers (worker.flow): shared through the table, or this worker's own.
+        self.gate = gate if gate is not None else Gate()
+        self.gate.on_change = lambda change: self.observers.emit(change_event(change, self.queue.name))
 
     # ----------------------------------------------------------------------------------------------- running
 
@@ -303,11 +308,50 @@ class Worker:
         if self.ledger is None and job.envelope.idempotency_key is not None and not self._warned_unguarded:
             self._warned_unguarded = True
             log.warning("messages carry idempotency keys but WORKER_IDEMPOTENCY_TABLE is not set: they run unguarded")
+        if (job.spec.rate is not None or job.spec.breaker is not None) and not await self._pass_gate(held, job):
+            return False
         if self.ledger is not None:
             verdict = await self._claim(held, job)
             if verdict is not None:
                 return verdict
         return await self._execute(held, job)
+
+    async def _pass_gate(self, held: Held, job: PreparedJob) -> bool:
+        """The job's circuit breaker and rate limit (worker.flow.gate): True to go on (after waiting for a reserved
+        start); False when the message was held back with a delay (nothing failed) or its key function raised."""
+        try:
+            rate_key, breaker_key = flow_keys(job.spec, job.payload)
+        except Exception as exc:  # the key function raised: the job's bug
+            await self._finish(held, self.outcomes.dead_letter(held, BUG, "flow key: " + describe_error(exc)))
+            return False
+        try:
+            decision = await self.gate.admit(
+                job_type=job.spec.name,
+                rate=job.spec.rate,
+                rate_key=rate_key,
+                breaker=job.spec.breaker,
+                breaker_key=breaker_key,
+                message_id=held.message.message_id,
+                timeout_s=job.spec.timeout_s,
+            )
+        except LedgerUnavailable as exc:  # fail closed, as the ledger does
+            self._dynamodb.down(exc)
+            await self._finish(held, self.outcomes.hold_back(held, LEDGER_RETRY_S, "flow table unreachable"))
+            return False
+        if decision.step is Step.HOLD:
+            await self._finish(held, self.outcomes.hold_back(held, decision.delay_s, decision.reason))
+            return False
+        held.ticket = decision.ticket
+        return True
+
+    async def _report_flow(self, held: Held, outcome: Outcome) -> None:
+        """Tell the job's circuit breaker how it ended; a table that cannot take it loses this one count."""
+        if held.ticket is None or held.job_type is None:
+            return
+        try:
+            await self.gate.report(held.ticket, outcome, job_type=held.job_type)
+        except LedgerUnavailable as exc:
+            self._dynamodb.down(exc)
 
     async def _claim(self, held: Held, job: PreparedJob) -> bool | None:
         """Take the job's idempotency claim. None: go ahead and run it; a bool: the outcome is settled."""
@@ -408,6 +452,7 @@ class Worker:
                 return
         await self.outcomes.ack(held)
         self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)
+        await self._report_flow(held, Outcome.SUCCEEDED)
 
     async def _complete_claim(self, claim: Claim, result: Any) -> bool:
         """Record completion (the ledger retries it within its budget: a lost completion means the job runs again)."""
@@ -440,6 +485,8 @@ class Worker:
             assert decision.category is not None
             await self._ledger_settle(held, text, final=True)
             await self.outcomes.dead_letter(held, decision.category, text, duration_s=duration_s)
+        counted = decision.action is Action.RETRY or decision.category == EXHAUSTED
+        await self._report_flow(held, Outcome.COUNTED if counted else Outcome.NOT_COUNTED)
 
     async def _ledger_settle(self, held: Held, error: str, *, final: bool) -> None:
         if held.claim is None or self.ledger is None:

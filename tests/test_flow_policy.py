@@ -1,0 +1,213 @@
+"""Pure flow-control policy: rate parsing, GCRA slots (including concurrent writers with stale views) and the
+circuit breaker's transitions."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.errors import ConfigError
+from worker.flow import breaker as policy
+from worker.flow import gcra
+from worker.flow.breaker import Breaker, State, Verdict
+
+
+@pytest.mark.parametrize(
+    ("text", "count", "period_s"),
+    [
+        ("100/m", 100, 60),
+        ("10/s", 10, 1),
+        ("1000/h", 1000, 3600),
+        ("5/d", 5, 86_400),
+        ("30/10s", 30, 10),
+        (" 2 / 1.5 min ", 2, 90),
+        ("7/hour", 7, 3600),
+    ],
+)
+def test_rates_parse(text: str, count: int, period_s: float) -> None:
+    assert gcra.parse_rate(text) == gcra.Rate(count=count, period_s=period_s)
+
+
+@pytest.mark.parametrize("text", ["", "100", "100/", "0/m", "-1/m", "10/w", "x/m", "10/0s", "10 per minute"])
+def test_bad_rates_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="rate_limit"):
+        gcra.parse_rate(text)
+
+
+def test_bad_rate_names_its_job() -> None:
+    from worker.jobs import Registry
+
+    with pytest.raises(ConfigError, match=r"job 'send'.*rate_limit '100/w'"):
+        Registry().job("send", rate_limit="100/w")
+
+
+def test_interval_carries_the_margin_and_the_horizon_is_bounded() -> None:
+    rate = gcra.parse_rate("60/m")
+    assert rate.interval_ms == 1020
+    assert rate.horizon_ms == 2040
+    assert gcra.parse_rate("1/h").horizon_ms == gcra.MAX_HORIZON_MS
+    assert gcra.parse_rate("1000/s").horizon_ms == gcra.MIN_HORIZON_MS
+
+
+def test_plan_forms() -> None:
+    rate = gcra.parse_rate("60/m")  # interval 1020, horizon 2040
+    assert gcra.plan(tat_ms=None, now_ms=10_000, rate=rate).form is gcra.Form.IDLE
+    assert gcra.plan(tat_ms=10_000, now_ms=10_000, rate=rate).form is gcra.Form.IDLE
+    assert gcra.plan(tat_ms=12_040, now_ms=10_000, rate=rate).form is gcra.Form.QUEUE
+    saturated = gcra.plan(tat_ms=12_041, now_ms=10_000, rate=rate)
+    assert saturated.form is gcra.Form.SATURATED
+    assert saturated.free_at_ms == 10_001
+
+
+def simulate(rate: gcra.Rate, requests: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Requests (time, how many slots stale the requester's view is), each retried on refusal with the stored
+    value as the gate does. Returns (request time, start) of each granted slot."""
+    tat: int | None = None
+    history: list[int | None] = [None]
+    granted = []
+    for now_ms, stale in requests:
+        view = history[max(0, len(history) - 1 - stale)]
+        for _ in range(4):
+            plan = gcra.plan(tat_ms=view, now_ms=now_ms, rate=rate)
+            if plan.form is gcra.Form.SATURATED:
+                break
+            new = gcra.apply(plan, tat)
+            if new is None:
+                view = tat
+                continue
+            tat = new
+            history.append(tat)
+            granted.append((now_ms, gcra.start_of(new, plan.interval_ms)))
+            break
+    return granted
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    count=st.integers(1, 50),
+    period_s=st.sampled_from([1, 2, 10, 60]),
+    gaps=st.lists(st.integers(0, 400), min_size=1, max_size=300),
+    stale=st.lists(st.integers(0, 3), min_size=300, max_size=300),
+)
+def test_no_window_holds_more_than_count_starts(count: int, period_s: int, gaps: list[int], stale: list[int]) -> None:
+    rate = gcra.Rate(count=count, period_s=period_s)
+    now, requests = 1_000_000, []
+    for gap, lag in zip(gaps, stale, strict=False):
+        now += gap
+        requests.append((now, lag))
+    granted = simulate(rate, requests)
+    starts = sorted(start for _, start in granted)
+    for asked, start in granted:
+        assert asked <= start <= asked + rate.horizon_ms  # never before the request, never beyond the horizon
+    for earlier, later in itertools.pairwise(starts):
+        assert later - earlier >= rate.interval_ms
+    period_ms = period_s * 1000
+    for index, start in enumerate(starts):  # the window [start, start + period) of every start
+        assert bisect.bisect_left(starts, start + period_ms) - index <= count
+
+
+def test_a_saturated_key_is_served_at_its_rate() -> None:
+    rate = gcra.parse_rate("60/m")
+    requests = [(1_000_000 + 100 * i, 0) for i in range(600)]  # 10 requests a second for 60 s
+    starts = [start for _, start in simulate(rate, requests)]
+    in_first_minute = [s for s in starts if s < 1_000_000 + 60_000]
+    assert 58 <= len(in_first_minute) <= 60
+
+
+def test_backlog_turns_are_one_interval_apart_after_the_key_frees() -> None:
+    backlog = gcra.Backlog()
+    backlog.learn(free_at_ms=5_000)
+    assert backlog.blocked(4_999)
+    assert not backlog.blocked(5_000)
+    waits = [backlog.hold_back_ms(now_ms=1_000, interval_ms=500) for _ in range(3)]
+    assert waits == [4_000, 4_500, 5_000]
+    assert backlog.hold_back_ms(now_ms=20_000, interval_ms=500) == 0  # turns in the past are not owed
+
+
+BREAKER = Breaker(failures=3, window_s=10, cooldown_s=5)
+
+
+def fail(record: policy.Record, now_ms: int, owner: str = "w:1") -> policy.Record:
+    return policy.on_failure(record, now_ms=now_ms, owner=owner, breaker=BREAKER)
+
+
+def test_breaker_opens_after_n_failures_within_the_window() -> None:
+    record = policy.Record()
+    record = fail(record, 0)
+    record = fail(record, 4_000)
+    assert record.state is State.CLOSED
+    assert record.failures == 2
+    record = fail(record, 9_999)
+    assert record.state is State.OPEN
+    assert record.open_until_ms == 9_999 + 5_000
+    assert record.version == 3
+
+
+def test_failures_of_an_old_window_do_not_count() -> None:
+    record = fail(fail(policy.Record(), 0), 1_000)
+    record = fail(record, 10_000)  # the window of the first failure ended
+    assert record.state is State.CLOSED
+    assert record.failures == 1
+    assert record.window_start_ms == 10_000
+
+
+def test_open_holds_then_one_probe_then_success_closes() -> None:
+    record = fail(fail(fail(policy.Record(), 0), 1), 2)
+    assert policy.admit(record, now_ms=3_000, cooldown_s=5) == policy.Admission(Verdict.HOLD, 5_002)
+    assert policy.admit(record, now_ms=5_002, cooldown_s=5).verdict is Verdict.PROBE
+    probing = policy.take_probe(record, now_ms=5_002, owner="a:1", lease_ms=1_000)
+    assert probing.state is State.HALF_OPEN
+    assert policy.admit(probing, now_ms=5_500, cooldown_s=5) == policy.Admission(Verdict.HOLD, 6_002)
+    assert policy.on_success(probing, now_ms=5_600, owner="b:2") is probing  # not the probe: nothing changes
+    closed = policy.on_success(probing, now_ms=5_600, owner="a:1")
+    assert closed.state is State.CLOSED
+    assert closed.failures == 0
+    assert policy.admit(closed, now_ms=5_600, cooldown_s=5).verdict is Verdict.RUN
+
+
+def test_a_failed_probe_reopens_and_a_lapsed_probe_is_taken_again() -> None:
+    record = fail(fail(fail(policy.Record(), 0), 1), 2)
+    probing = policy.take_probe(record, now_ms=6_000, owner="a:1", lease_ms=1_000)
+    assert fail(probing, 6_500, owner="b:2") is probing  # another job's failure: the probe decides
+    reopened = fail(probing, 6_500, owner="a:1")
+    assert reopened.state is State.OPEN
+    assert reopened.open_until_ms == 11_500
+    assert policy.admit(probing, now_ms=7_000, cooldown_s=5).verdict is Verdict.PROBE  # its lease lapsed
+    cleared = policy.on_inconclusive(probing, now_ms=6_100, owner="a:1")
+    assert cleared.state is State.HALF_OPEN
+    assert policy.admit(cleared, now_ms=6_100, cooldown_s=5).verdict is Verdict.PROBE
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["fail", "ok", "probe", "inconclusive"]), st.integers(0, 3_000)), max_size=60)
+)
+def test_versions_grow_by_one_per_change_and_open_always_has_a_cool_down(steps: list[tuple[str, int]]) -> None:
+    record, now = policy.Record(), 0
+    for action, gap in steps:
+        now += gap
+        if action == "fail":
+            new = fail(record, now, owner="p")
+        elif action == "ok":
+            new = policy.on_success(record, now_ms=now, owner="p")
+        elif action == "inconclusive":
+            new = policy.on_inconclusive(record, now_ms=now, owner="p")
+        elif policy.admit(record, now_ms=now, cooldown_s=BREAKER.cooldown_s).verdict is Verdict.PROBE:
+            new = policy.take_probe(record, now_ms=now, owner="p", lease_ms=500)
+        else:
+            new = record
+        assert new.version in (record.version, record.version + 1)
+        assert (new is record) == (new.version == record.version)
+        if new.state is State.OPEN and new is not record:
+            assert new.open_until_ms == now + 5_000
+        record = new
+
+
+@pytest.mark.parametrize("bad", [{"failures": 0}, {"window_s": 0}, {"cooldown_s": -1}])
+def test_bad_breakers_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ConfigError, match="Breaker"):
+        Breaker(**bad)  # type: ignore[arg-type]

@@ -1,0 +1,295 @@
+"""The gate a job passes before its handler runs: its circuit breaker, then its rate limit.
+
+``Gate.admit`` answers RUN (maybe after waiting for a reserved start), or HOLD with a delay and a reason (the
+runtime releases the message with that visibility delay through ``Outcomes.hold_back``; no handler runs, nothing
+fails). ``Gate.report`` tells the breaker how the job ended. Policy lives in ``gcra`` and ``breaker``; the store
+(``store``) is the DynamoDB table or this process; this module holds the per-worker caches and the order of steps.
+
+Costs, per key and worker: a breaker is read at most once per ``BREAKER_CACHE_S`` (a job of a key whose breaker
+was read less than that ago uses what was read), written on counted failures and on its transitions; a rate limit
+writes once per start (a second write when another worker took the slot first), and not at all for a message held
+back while this worker knows the key is saturated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from worker.flow import breaker as policy
+from worker.flow import gcra
+from worker.flow.store import FlowStore, MemoryFlowStore
+from worker.jobs import JobSpec
+from worker.observability.events import Event, Kind
+
+log = logging.getLogger("worker.flow")
+
+#: A breaker read is reused this long by the jobs of its key on this worker.
+BREAKER_CACHE_S = 1.0
+#: Conditional writes tried for one slot or one breaker change before giving up (contention).
+MAX_WRITES = 4
+
+
+class Step(StrEnum):
+    RUN = "run"
+    HOLD = "hold"
+
+
+@dataclass
+class Ticket:
+    """What the gate let through, for the report after the outcome."""
+
+    breaker_key: str | None = None
+    breaker: policy.Breaker | None = None
+    owner: str = ""
+    probe: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: Step
+    delay_s: int = 0
+    reason: str = ""
+    ticket: Ticket = field(default_factory=Ticket)
+
+
+@dataclass(frozen=True)
+class Change:
+    """A breaker's state change, as the gate reports it to its listener (log line and metric)."""
+
+    key: str
+    job_type: str
+    previous: policy.State
+    state: policy.State
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    COUNTED = "counted"  # a failure the breaker counts (retryable, exhausted, timeout)
+    NOT_COUNTED = "not_counted"  # permanent, bug, bad input
+
+
+def flow_keys(spec: JobSpec, payload: Any) -> tuple[str | None, str | None]:
+    """The job's rate-limit key and breaker key (None: no limit, no breaker); the job type by default. A key
+    function that raises, or returns anything but a non-empty str, is the job's bug (its exception, or TypeError)."""
+    rate_key = _key(spec, spec.rate_key, payload, "rate_key") if spec.rate is not None else None
+    breaker_key = _key(spec, spec.breaker.key, payload, "Breaker key") if spec.breaker is not None else None
+    return rate_key, breaker_key
+
+
+def _key(spec: JobSpec, function: Callable[[Any], str] | None, payload: Any, what: str) -> str:
+    if function is None:
+        return spec.name
+    value = function(payload)
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{what} function of job {spec.name!r} must return a non-empty str, got {type(value).__name__}")
+    return value
+
+
+def change_event(change: Change, queue: str) -> Event:
+    """A breaker's state change as an event for the observers (log line, metrics); no message is its subject."""
+    return Event(
+        kind=Kind.BREAKER_CHANGED,
+        queue=queue,
+        message_id="",
+        job_type=change.job_type,
+        reason=f"{change.previous.value} -> {change.state.value}",
+        extra={"breaker_key": change.key, "previous": change.previous.value, "state": change.state.value},
+    )
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Gate:
+    """Admits jobs by their rate limit and breaker; one per worker, its store shared by the fleet or not."""
+
+    def __init__(
+        self,
+        store: FlowStore | None = None,
+        *,
+        owner: str = "",
+        now_ms: Callable[[], int] = _wall_ms,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+        on_change: Callable[[Change], None] | None = None,
+    ) -> None:
+        self.store: FlowStore = store if store is not None else MemoryFlowStore()
+        self.owner = owner
+        self._now_ms = now_ms
+        self._sleep = sleep
+        self.on_change = on_change
+        self._backlogs: dict[str, gcra.Backlog] = {}
+        self._tat_ms: dict[str, int] = {}
+        self._breakers: dict[str, tuple[float, policy.Record | None]] = {}
+
+    @property
+    def shared(self) -> bool:
+        return self.store.shared
+
+    # ------------------------------------------------------------------------------------------------ admit
+
+    async def admit(
+        self,
+        *,
+        job_type: str,
+        rate: gcra.Rate | None,
+        rate_key: str | None,
+        breaker: policy.Breaker | None,
+        breaker_key: str | None,
+        message_id: str,
+        timeout_s: float,
+    ) -> Decision:
+        """Breaker first (an open one costs no rate slot), then the rate limit, then the probe's claim."""
+        ticket = Ticket(owner=f"{self.owner}:{message_id}")
+        probe = False
+        if breaker is not None and breaker_key is not None:
+            ticket.breaker, ticket.breaker_key = breaker, breaker_key
+            record = await self._breaker(breaker_key)
+            admission = policy.admit(record or policy.Record(), now_ms=self._now_ms(), cooldown_s=breaker.cooldown_s)
+            if admission.verdict is policy.Verdict.HOLD:
+                return self._hold(admission.until_ms - self._now_ms(), f"circuit breaker {breaker_key!r} open")
+            probe = admission.verdict is policy.Verdict.PROBE
+        if rate is not None and rate_key is not None:
+            held = await self._take_slot(rate_key, rate)
+            if held is not None:
+                return held
+        if probe:
+            assert breaker is not None
+            assert breaker_key is not None
+            lease_ms = int(timeout_s * 1000) + policy.PROBE_MARGIN_MS
+            if not await self._take_probe(breaker_key, job_type, ticket.owner, lease_ms, breaker):
+                reason = f"circuit breaker {breaker_key!r} half-open: a probe runs elsewhere"
+                return self._hold(breaker.cooldown_s * 1000, reason)
+            ticket.probe = True
+        return Decision(Step.RUN, ticket=ticket)
+
+    def _hold(self, delay_ms: float, reason: str) -> Decision:
+        return Decision(Step.HOLD, delay_s=max(1, math.ceil(delay_ms / 1000)), reason=reason)
+
+    async def _take_slot(self, key: str, rate: gcra.Rate) -> Decision | None:
+        """Reserve a start for ``key`` and wait for it (None), or a HOLD for a saturated key."""
+        backlog = self._backlogs.setdefault(key, gcra.Backlog())
+        now_ms = self._now_ms()
+        if backlog.blocked(now_ms):  # known saturated: no write
+            return self._saturated(key, backlog, rate, now_ms)
+        tat_ms = self._tat_ms.get(key)
+        for _ in range(MAX_WRITES):
+            now_ms = self._now_ms()
+            plan = gcra.plan(tat_ms=tat_ms, now_ms=now_ms, rate=rate)
+            if plan.form is gcra.Form.SATURATED:
+                backlog.learn(free_at_ms=plan.free_at_ms)
+                return self._saturated(key, backlog, rate, now_ms)
+            answer = await self.store.take_slot(key, plan)
+            tat_ms = answer.tat_ms
+            if tat_ms is not None:
+                self._tat_ms[key] = tat_ms
+            if answer.ok:
+                assert tat_ms is not None
+                backlog.learn(free_at_ms=tat_ms - rate.horizon_ms)
+                wait_ms = gcra.start_of(tat_ms, plan.interval_ms) - self._now_ms()
+                if wait_ms > 0:
+                    await self._sleep(wait_ms / 1000)
+                return None
+        backlog.learn(free_at_ms=self._now_ms() + rate.interval_ms)  # contended: step back one interval
+        return self._saturated(key, backlog, rate, self._now_ms())
+
+    def _saturated(self, key: str, backlog: gcra.Backlog, rate: gcra.Rate, now_ms: int) -> Decision:
+        wait_ms = backlog.hold_back_ms(now_ms=now_ms, interval_ms=rate.interval_ms)
+        return self._hold(wait_ms, f"rate limit {rate} of {key!r}")
+
+    # ------------------------------------------------------------------------------------------------ breakers
+
+    async def _breaker(self, key: str) -> policy.Record | None:
+        cached = self._breakers.get(key)
+        if cached is not None and time.monotonic() - cached[0] < BREAKER_CACHE_S:
+            return cached[1]
+        record = await self.store.breaker(key)
+        self._breakers[key] = (time.monotonic(), record)
+        return record
+
+    async def _change(
+        self, key: str, job_type: str, change: Callable[[policy.Record], policy.Record]
+    ) -> policy.Record | None:
+        """Apply ``change`` to the key's record with a version check, again on the stored record when refused."""
+        cached = self._breakers.get(key)
+        current = cached[1] if cached is not None else await self.store.breaker(key)
+        for _ in range(MAX_WRITES):
+            base = current or policy.Record()
+            new = change(base)
+            if new is base:
+                self._breakers[key] = (time.monotonic(), current)
+                return None  # nothing to write
+            ok, stored = await self.store.write_breaker(
+                key, new, seen_version=None if current is None else current.version
+            )
+            if ok:
+                self._breakers[key] = (time.monotonic(), new)
+                if new.state is not base.state:
+                    self._changed(Change(key, job_type, base.state, new.state))
+                return new
+            current = stored
+        log.warning("circuit breaker %r: gave up a change after %d contended writes", key, MAX_WRITES)
+        return None
+
+    async def _take_probe(self, key: str, job_type: str, owner: str, lease_ms: int, breaker: policy.Breaker) -> bool:
+        def probe(record: policy.Record) -> policy.Record:
+            now_ms = self._now_ms()
+            if policy.admit(record, now_ms=now_ms, cooldown_s=breaker.cooldown_s).verdict is not policy.Verdict.PROBE:
+                return record  # somebody else took it (or it closed meanwhile: then the job just runs)
+            return policy.take_probe(record, now_ms=now_ms, owner=owner, lease_ms=lease_ms)
+
+        written = await self._change(key, job_type, probe)
+        if written is not None:
+            return True
+        cached = self._breakers.get(key)
+        record = cached[1] if cached is not None else None
+        return record is None or record.state is policy.State.CLOSED
+
+    # ------------------------------------------------------------------------------------------------ report
+
+    async def report(self, ticket: Ticket, outcome: Outcome, *, job_type: str) -> None:
+        """Tell the job's breaker how it ended (nothing for a job without one)."""
+        if ticket.breaker is None or ticket.breaker_key is None:
+            return
+        settings, owner = ticket.breaker, ticket.owner
+        if outcome is Outcome.SUCCEEDED:
+            if not ticket.probe:
+                return  # a closed breaker does not change on success: no write
+            await self._change(
+                ticket.breaker_key, job_type, lambda r: policy.on_success(r, now_ms=self._now_ms(), owner=owner)
+            )
+        elif outcome is Outcome.COUNTED:
+            await self._change(
+                ticket.breaker_key,
+                job_type,
+                lambda r: policy.on_failure(r, now_ms=self._now_ms(), owner=owner, breaker=settings),
+            )
+        elif ticket.probe:
+            await self._change(
+                ticket.breaker_key, job_type, lambda r: policy.on_inconclusive(r, now_ms=self._now_ms(), owner=owner)
+            )
+
+    def _changed(self, change: Change) -> None:
+        if self.on_change is not None:  # the worker's observers write the log line and count the metric
+            self.on_change(change)
+            return
+        log.warning(
+            "circuit breaker %r: %s -> %s",
+            change.key,
+            change.previous.value,
+            change.state.value,
+            extra={
+                "event": "breaker_changed",
+                "breaker_key": change.key,
+                "job_type": change.job_type,
+                "previous": change.previous.value,
+                "state": change.state.value,
+            },
+        )
