@@ -93,6 +93,7 @@ async def running_worker(
     poll_wait_s: int = 1,
     ledger: Any = None,
     rng: random.Random | None = None,
+    gate: Any = None,
 ) -> AsyncIterator[Running]:
     session = get_session()
     async with session.create_client("sqs", endpoint_url=endpoint_url, region_name="us-east-1") as client:
@@ -110,6 +111,7 @@ async def running_worker(
             observers=Observers([recorder]),
             ledger=ledger,
             rng=rng,
+            gate=gate,
         )
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "worker.commands.stats",
     "worker.commands.status",
     "worker.commands.schedules",
+    "worker.commands.breakers",
 )
 
 
