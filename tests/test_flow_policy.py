@@ -211,3 +211,35 @@ def test_versions_grow_by_one_per_change_and_open_always_has_a_cool_down(steps: 
 def test_bad_breakers_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ConfigError, match="Breaker"):
         Breaker(**bad)  # type: ignore[arg-type]
+
+
+def test_a_breaker_change_is_a_metric_in_emf_and_prometheus_and_no_job_outcome() -> None:
+    from worker.flow.gate import Change, change_event
+    from worker.observability.metrics import MetricBuffer, emf_documents
+    from worker.observability.prometheus import PrometheusObserver
+
+    event = change_event(Change("api.example", "hook", State.CLOSED, State.OPEN), "q")
+    buffer = MetricBuffer()
+    buffer.record(event)
+    documents = emf_documents(buffer.drain(), namespace="SqsWorker", queue="q", timestamp_ms=1)
+    assert documents == [
+        {
+            "_aws": {
+                "Timestamp": 1,
+                "CloudWatchMetrics": [
+                    {
+                        "Namespace": "SqsWorker",
+                        "Dimensions": [["Queue", "BreakerState"]],
+                        "Metrics": [{"Name": "BreakerTransitions", "Unit": "Count"}],
+                    }
+                ],
+            },
+            "Queue": "q",
+            "BreakerState": "open",
+            "BreakerTransitions": 1,
+        }
+    ]
+    prometheus = PrometheusObserver("q")
+    prometheus.emit(event)
+    assert 'sqs_worker_breaker_transitions_total{job_type="hook",queue="q",state="open"} 1.0' in prometheus.render()
+    assert "sqs_worker_jobs_total{" not in prometheus.render()
