@@ -243,3 +243,18 @@ def test_a_breaker_change_is_a_metric_in_emf_and_prometheus_and_no_job_outcome()
     prometheus.emit(event)
     assert 'sqs_worker_breaker_transitions_total{job_type="hook",queue="q",state="open"} 1.0' in prometheus.render()
     assert "sqs_worker_jobs_total{" not in prometheus.render()
+
+
+def test_held_back_turns_spread_out_while_writes_are_refused_and_close_up_when_granted() -> None:
+    backlog = gcra.Backlog()
+    for _ in range(10):
+        backlog.answered(granted=False)
+    assert backlog.spacing == pytest.approx(1.1**10)
+    waits = [backlog.hold_back_ms(now_ms=0, interval_ms=1_000) for _ in range(2)]
+    assert waits == [0, round(1_000 * 1.1**10)]
+    for _ in range(200):
+        backlog.answered(granted=True)
+    assert backlog.spacing == 1.0
+    for _ in range(200):
+        backlog.answered(granted=False)
+    assert backlog.spacing == gcra.MAX_SPACING

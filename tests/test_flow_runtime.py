@@ -237,3 +237,40 @@ async def test_a_permanent_error_does_not_count_and_a_reset_closes_the_breaker(
         "slow",
         "bad",
     ]  # three permanent errors did not open it; the message held back for the 600 s cool-down is still waiting its turn
+
+
+async def test_concurrent_workers_never_share_a_slot(dynamodb: DynamoDBClient, table: str) -> None:
+    """Twenty admissions at once through two gates on one table (a frozen clock): every granted start is its own
+    slot, one interval apart; the rest are held back, and no refused write is lost as a slot."""
+    rate = parse_rate("10/s")  # interval 102 ms, horizon 1 s: at most 10 slots ahead
+    now_ms = 1_900_000_000_000
+    starts: list[int] = []
+
+    def gate(owner: str) -> Gate:
+        async def sleep(seconds: float) -> None:
+            starts.append(now_ms + round(seconds * 1000))
+
+        return Gate(DynamoFlowStore(dynamodb, table), owner=owner, now_ms=lambda: now_ms, sleep=sleep)
+
+    gates = [gate("a"), gate("b")]
+    decisions = await asyncio.gather(
+        *(
+            gates[n % 2].admit(
+                job_type="call",
+                rate=rate,
+                rate_key="provider",
+                breaker=None,
+                breaker_key=None,
+                message_id=str(n),
+                timeout_s=30,
+            )
+            for n in range(20)
+        )
+    )
+    ran = [d for d in decisions if d.step.value == "run"]
+    assert len(ran) == len(starts) + 1  # the first slot is now: no wait
+    slots = sorted([now_ms, *starts])
+    assert slots == [now_ms + i * rate.interval_ms for i in range(len(slots))]
+    assert slots[-1] <= now_ms + rate.horizon_ms
+    assert len(ran) == rate.horizon_ms // rate.interval_ms + 1
+    assert all(d.delay_s >= 1 and d.reason.startswith("rate limit") for d in decisions if d.step.value == "hold")

@@ -313,6 +313,7 @@ class Worker:
         if self.ledger is not None:
             verdict = await self._claim(held, job)
             if verdict is not None:
+                await self._report_flow(held, Outcome.NOT_COUNTED)  # a breaker's probe that did not run: let go
                 return verdict
         return await self._execute(held, job)
 
