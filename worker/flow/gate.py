@@ -34,6 +34,8 @@ log = logging.getLogger("worker.flow")
 BREAKER_CACHE_S = 1.0
 #: Conditional writes tried for one slot or one breaker change before giving up (contention).
 MAX_WRITES = 4
+#: Keys whose slots and breakers a worker remembers (the oldest are forgotten first: memory stays bounded).
+MAX_KEYS = 10_000
 
 
 class Step(StrEnum):
@@ -102,6 +104,15 @@ def change_event(change: Change, queue: str) -> Event:
         reason=f"{change.previous.value} -> {change.state.value}",
         extra={"breaker_key": change.key, "previous": change.previous.value, "state": change.state.value},
     )
+
+
+def _remember(cache: dict[str, Any], key: str, value: Any) -> Any:
+    """Store ``value`` under ``key``, forgetting the oldest keys beyond MAX_KEYS; returns ``value``."""
+    cache.pop(key, None)
+    cache[key] = value
+    while len(cache) > MAX_KEYS:
+        del cache[next(iter(cache))]
+    return value
 
 
 def _wall_ms() -> int:
@@ -175,7 +186,7 @@ class Gate:
 
     async def _take_slot(self, key: str, rate: gcra.Rate) -> Decision | None:
         """Reserve a start for ``key`` and wait for it (None), or a HOLD for a saturated key."""
-        backlog = self._backlogs.setdefault(key, gcra.Backlog())
+        backlog = self._backlogs.get(key) or _remember(self._backlogs, key, gcra.Backlog())
         now_ms = self._now_ms()
         if backlog.blocked(now_ms):  # known saturated: no write
             return self._saturated(key, backlog, rate, now_ms)
@@ -190,7 +201,7 @@ class Gate:
             backlog.answered(granted=answer.ok)
             tat_ms = answer.tat_ms
             if tat_ms is not None:
-                self._tat_ms[key] = tat_ms
+                _remember(self._tat_ms, key, tat_ms)
             if answer.ok:
                 assert tat_ms is not None
                 backlog.learn(free_at_ms=tat_ms - rate.horizon_ms)
@@ -212,7 +223,7 @@ class Gate:
         if cached is not None and time.monotonic() - cached[0] < BREAKER_CACHE_S:
             return cached[1]
         record = await self.store.breaker(key)
-        self._breakers[key] = (time.monotonic(), record)
+        _remember(self._breakers, key, (time.monotonic(), record))
         return record
 
     async def _change(
@@ -225,13 +236,13 @@ class Gate:
             base = current or policy.Record()
             new = change(base)
             if new is base:
-                self._breakers[key] = (time.monotonic(), current)
+                _remember(self._breakers, key, (time.monotonic(), current))
                 return None  # nothing to write
             ok, stored = await self.store.write_breaker(
                 key, new, seen_version=None if current is None else current.version
             )
             if ok:
-                self._breakers[key] = (time.monotonic(), new)
+                _remember(self._breakers, key, (time.monotonic(), new))
                 if new.state is not base.state:
                     self._changed(Change(key, job_type, base.state, new.state))
                 return new
