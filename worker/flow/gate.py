@@ -198,7 +198,6 @@ class Gate:
                 backlog.learn(free_at_ms=plan.free_at_ms)
                 return self._saturated(key, backlog, rate, now_ms)
             answer = await self.store.take_slot(key, plan)
-            backlog.answered(granted=answer.ok)
             tat_ms = answer.tat_ms
             if tat_ms is not None:
                 _remember(self._tat_ms, key, tat_ms)

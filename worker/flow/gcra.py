@@ -119,24 +119,15 @@ def start_of(new_tat_ms: int, interval_ms: int) -> int:
     return new_tat_ms - interval_ms
 
 
-#: The spacing of a worker's held-back turns, in intervals, grows by GROW_ON_REFUSAL when a slot write is refused
-#: (another worker took the slot) and shrinks by SHRINK_ON_GRANT when one is granted: it settles where about two
-#: writes in three are granted, so a fleet's held-back messages come back about 1.5 times as fast as the key can
-#: start them, whatever the number of workers, instead of each worker's coming back at the key's full rate.
-GROW_ON_REFUSAL = 1.1
-SHRINK_ON_GRANT = 0.95
-MAX_SPACING = 64.0
-
-
 @dataclass
 class Backlog:
     """One worker's view of a saturated key: until when no slot can be reserved (``free_at_ms``, learnt from the
-    last write's answer), the turns it handed to the messages it held back (``next_turn_ms``) and how far apart it
-    hands them out (``spacing``, in intervals, adapted to the refusals its writes meet)."""
+    last write's answer) and the turns it handed to the messages it held back (``next_turn_ms``). Held-back
+    messages get turns one interval apart after ``free_at_ms``, so they come back about as fast as the key can
+    start them (times the number of workers), not all at once."""
 
     free_at_ms: int = 0
     next_turn_ms: int = 0
-    spacing: float = 1.0
 
     def blocked(self, now_ms: int) -> bool:
         return now_ms < self.free_at_ms
@@ -144,13 +135,8 @@ class Backlog:
     def learn(self, *, free_at_ms: int) -> None:
         self.free_at_ms = max(self.free_at_ms, free_at_ms)
 
-    def answered(self, *, granted: bool) -> None:
-        """A slot write was granted or refused: hand turns out closer together or further apart."""
-        factor = SHRINK_ON_GRANT if granted else GROW_ON_REFUSAL
-        self.spacing = min(MAX_SPACING, max(1.0, self.spacing * factor))
-
     def hold_back_ms(self, *, now_ms: int, interval_ms: int) -> int:
         """How long the next held-back message waits (its turn), and reserve the turn after it."""
         turn_ms = max(self.next_turn_ms, self.free_at_ms, now_ms)
-        self.next_turn_ms = turn_ms + round(interval_ms * self.spacing)
+        self.next_turn_ms = turn_ms + interval_ms
         return turn_ms - now_ms
