@@ -106,6 +106,13 @@ def change_event(change: Change, queue: str) -> Event:
     )
 
 
+def _held_reason(key: str, record: policy.Record | None) -> str:
+    """Why a job of ``key`` is held back: its breaker is open, or half-open with a probe running (None)."""
+    if record is not None and record.state is policy.State.OPEN:
+        return f"circuit breaker {key!r} open"
+    return f"circuit breaker {key!r} half-open: a probe runs elsewhere"
+
+
 def _remember(cache: dict[str, Any], key: str, value: Any) -> Any:
     """Store ``value`` under ``key``, forgetting the oldest keys beyond MAX_KEYS; returns ``value``."""
     cache.pop(key, None)
@@ -165,7 +172,7 @@ class Gate:
             record = await self._breaker(breaker_key)
             admission = policy.admit(record or policy.Record(), now_ms=self._now_ms(), cooldown_s=breaker.cooldown_s)
             if admission.verdict is policy.Verdict.HOLD:
-                return self._hold(admission.until_ms - self._now_ms(), f"circuit breaker {breaker_key!r} open")
+                return self._hold(admission.until_ms - self._now_ms(), _held_reason(breaker_key, record))
             probe = admission.verdict is policy.Verdict.PROBE
         if rate is not None and rate_key is not None:
             held = await self._take_slot(rate_key, rate)
@@ -176,8 +183,7 @@ class Gate:
             assert breaker_key is not None
             lease_ms = int(timeout_s * 1000) + policy.PROBE_MARGIN_MS
             if not await self._take_probe(breaker_key, job_type, ticket.owner, lease_ms, breaker):
-                reason = f"circuit breaker {breaker_key!r} half-open: a probe runs elsewhere"
-                return self._hold(breaker.cooldown_s * 1000, reason)
+                return self._hold(breaker.cooldown_s * 1000, _held_reason(breaker_key, None))
             ticket.probe = True
         return Decision(Step.RUN, ticket=ticket)
 
@@ -191,13 +197,16 @@ class Gate:
         if backlog.blocked(now_ms):  # known saturated: no write
             return self._saturated(key, backlog, rate, now_ms)
         tat_ms = self._tat_ms.get(key)
+        refused = False
         for _ in range(MAX_WRITES):
             now_ms = self._now_ms()
             plan = gcra.plan(tat_ms=tat_ms, now_ms=now_ms, rate=rate)
             if plan.form is gcra.Form.SATURATED:
-                backlog.learn(free_at_ms=plan.free_at_ms)
+                # After a refused try, one more interval: another worker is taking these slots (fewer refusals)
+                backlog.learn(free_at_ms=plan.free_at_ms + (rate.interval_ms if refused else 0))
                 return self._saturated(key, backlog, rate, now_ms)
             answer = await self.store.take_slot(key, plan)
+            refused = not answer.ok
             tat_ms = answer.tat_ms
             if tat_ms is not None:
                 _remember(self._tat_ms, key, tat_ms)
