@@ -170,12 +170,12 @@ async def test_a_breaker_opens_pauses_probes_once_across_two_workers_and_closes(
         await wait_all(recorders, lambda: state["running"] == 1, timeout_s=30)
         await wait_all(recorders, lambda: len(held("half-open")) >= 4, timeout_s=30)
         assert state["running"] == 1
-        assert breaker_changes(recorders) == ["open", "half_open"]
+        assert sorted(breaker_changes(recorders)) == ["half_open", "open"]  # each once, whichever worker made it
         probe_may_finish.set()
         await wait_all(
             recorders, lambda: len(first.recorder.of(Kind.SUCCEEDED) + second.recorder.of(Kind.SUCCEEDED)) == 9, 60
         )
-    assert breaker_changes(recorders) == ["open", "half_open", "closed"]
+    assert sorted(breaker_changes(recorders)) == ["closed", "half_open", "open"]
     assert state["most_running"] >= 1
     events = [e for r in recorders for e in r.events]
     assert not [e for e in events if e.kind is Kind.DEAD_LETTERED]

@@ -146,6 +146,7 @@ class Gate:
         self._backlogs: dict[str, gcra.Backlog] = {}
         self._tat_ms: dict[str, int] = {}
         self._breakers: dict[str, tuple[float, policy.Record | None]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
 
     @property
     def shared(self) -> bool:
@@ -191,7 +192,20 @@ class Gate:
         return Decision(Step.HOLD, delay_s=max(1, math.ceil(delay_ms / 1000)), reason=reason)
 
     async def _take_slot(self, key: str, rate: gcra.Rate) -> Decision | None:
-        """Reserve a start for ``key`` and wait for it (None), or a HOLD for a saturated key."""
+        """Reserve a start for ``key`` and wait for it (None), or a HOLD for a saturated key. This worker's tries
+        for one key take turns (a lock held for the write, not the wait): messages that come back together would
+        otherwise all write with the same stale view of the key, and all but one be refused."""
+        lock = self._locks.get(key) or _remember(self._locks, key, asyncio.Lock())
+        async with lock:
+            reserved = await self._reserve(key, rate)
+        if isinstance(reserved, Decision):
+            return reserved
+        if reserved > 0:
+            await self._sleep(reserved / 1000)
+        return None
+
+    async def _reserve(self, key: str, rate: gcra.Rate) -> Decision | int:
+        """A HOLD, or the milliseconds until the reserved start."""
         backlog = self._backlogs.get(key) or _remember(self._backlogs, key, gcra.Backlog())
         now_ms = self._now_ms()
         if backlog.blocked(now_ms):  # known saturated: no write
@@ -213,10 +227,7 @@ class Gate:
             if answer.ok:
                 assert tat_ms is not None
                 backlog.learn(free_at_ms=tat_ms - rate.horizon_ms)
-                wait_ms = gcra.start_of(tat_ms, plan.interval_ms) - self._now_ms()
-                if wait_ms > 0:
-                    await self._sleep(wait_ms / 1000)
-                return None
+                return gcra.start_of(tat_ms, plan.interval_ms) - self._now_ms()
         backlog.learn(free_at_ms=self._now_ms() + rate.interval_ms)  # contended: step back one interval
         return self._saturated(key, backlog, rate, self._now_ms())
 
