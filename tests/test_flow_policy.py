@@ -309,3 +309,24 @@ def test_a_fleet_keeps_a_saturated_key_busy_without_exceeding_it(seed: int) -> N
     assert min(saturated) >= 54  # the held-back messages come back in time for every slot
     assert writes / 300 < 3.5  # a start's write, plus the refused ones of the other workers
     assert holds / 300 < 4
+
+
+def test_without_a_table_the_worker_says_its_limits_are_local(caplog: pytest.LogCaptureFixture) -> None:
+    from worker.jobs import Registry
+    from worker.runtime.assemble import local_gate
+
+    registry = Registry()
+
+    @registry.job("sync", rate_limit="100/m")
+    async def sync(payload: dict[str, str]) -> None: ...
+
+    @registry.job("plain")
+    async def plain(payload: dict[str, str]) -> None: ...
+
+    with caplog.at_level("WARNING", logger="worker"):
+        gate = local_gate(registry)
+    assert not gate.shared
+    assert [r.getMessage() for r in caplog.records] == [
+        "WORKER_IDEMPOTENCY_TABLE is not set: the rate limits and circuit breakers of sync are local to this worker "
+        "(each worker of a fleet applies them on its own)"
+    ]
