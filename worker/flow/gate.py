@@ -7,8 +7,9 @@ fails). ``Gate.report`` tells the breaker how the job ended. Policy lives in ``g
 
 Costs, per key and worker: a breaker is read at most once per ``BREAKER_CACHE_S`` (a job of a key whose breaker
 was read less than that ago uses what was read), written on counted failures and on its transitions; a rate limit
-writes once per start, plus each try another worker's write beat (on a saturated key, about one per worker and
-slot), and not at all for a message held back while this worker knows the key is saturated.
+writes once per start, plus each try another worker's write beat (1.66 writes per start in all with 3 workers on
+a saturated key, benchmarks/rate_limit.py), and not at all for a message held back while this worker knows the key
+is saturated.
 """
 
 from __future__ import annotations
