@@ -150,3 +150,43 @@ async def test_other_4xx_is_dead_lettered_after_one_request(backend: Backend, se
     attributes = dead["MessageAttributes"]
     assert attributes["error_category"]["StringValue"] == "permanent"
     assert attributes["error_message"]["StringValue"] == "PermanentError: receiver answered HTTP 404"
+
+
+def test_each_endpoint_host_gets_its_own_rate_limit_and_breaker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_WEBHOOK_RATE_LIMIT", "120/m")
+    jobs = Registry()
+    webhook.register(jobs)
+    spec = jobs.get("webhook")
+    assert spec is not None and spec.rate is not None and spec.breaker is not None
+    a = webhook.Webhook(url="https://Hooks.example.com:8443/a", event="e")
+    b = webhook.Webhook(url="https://other.example.com/b", event="e")
+    assert spec.rate_key is not None and spec.breaker.key is not None
+    assert spec.rate_key(a) == spec.breaker.key(a) == "hooks.example.com:8443"
+    assert spec.rate_key(b) == "other.example.com"
+    monkeypatch.setenv("WORKER_WEBHOOK_RATE_LIMIT", "off")
+    unlimited = Registry()
+    webhook.register(unlimited)
+    spec = unlimited.get("webhook")
+    assert spec is not None and spec.rate is None and spec.breaker is not None
+
+
+async def test_a_failing_host_opens_its_breaker_and_later_jobs_wait_unsent(
+    backend: Backend, setup: tuple[Created, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORKER_WEBHOOK_BREAKER_FAILURES", "2")
+    monkeypatch.setenv("WORKER_WEBHOOK_BREAKER_COOLDOWN_S", "600")
+    queues, ledger = setup
+    with webhook_receiver(*[Reply(503)] * 10) as receiver:
+        for n in range(3):
+            payload = {"url": receiver.url, "event": "order.paid", "data": {"n": n}, "id": f"d-{n}"}
+            send(backend.endpoint_url, queues.queue_url, {"type": "webhook", "payload": payload})
+        async with running_worker(backend.endpoint_url, queues, registry(), ledger=ledger, concurrency=1) as running:
+            [opened] = await running.recorder.wait_count(Kind.BREAKER_CHANGED, 1, timeout_s=60)
+            await running.recorder.wait_for(
+                lambda r: any(e.kind is Kind.RELEASED and "circuit breaker" in (e.reason or "") for e in r.events),
+                timeout_s=60,
+            )
+        # two failures open it; a job that passed the gate just before may still go; then nothing more is sent
+        # (without the breaker the retries, backoff 0, would go on until 5 attempts each)
+        assert len(receiver.received) <= 3
+    assert opened.extra["state"] == "open"

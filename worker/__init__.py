@@ -14,11 +14,13 @@ from worker.errors import (
     RetryableError,
     WorkerError,
 )
+from worker.flow import Breaker
 from worker.jobs import JobSpec, Registry, default_registry, job, lifespan, middleware
 from worker.lifecycle import Resources
 from worker.middleware import CallNext
 
 __all__ = [
+    "Breaker",
     "CallNext",
     "ConfigError",
     "InvalidMessage",

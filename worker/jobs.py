@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from worker.context import JobContext
 from worker.errors import ConfigError
+from worker.flow import Breaker, Rate, parse_rate
 from worker.lifecycle import Lifespan, add_lifespan
 from worker.middleware import Middleware, add_middleware
 from worker.policy import describe_error
@@ -109,6 +110,9 @@ class JobSpec:
     bugs: tuple[type[BaseException], ...] = DEFAULT_BUG_ERRORS
     idempotent: bool = False
     key: KeyFunction | None = None
+    rate: Rate | None = None
+    rate_key: KeyFunction | None = None
+    breaker: Breaker | None = None
     payload_model: type[BaseModel] | None = field(default=None, compare=False)
     wants_context: bool = field(default=False, compare=False)
     is_async: bool = field(default=True, compare=False)
@@ -208,9 +212,22 @@ class Registry:
         bugs: Iterable[type[BaseException]] = DEFAULT_BUG_ERRORS,
         idempotent: bool = False,
         key: KeyFunction | None = None,
+        rate_limit: str | None = None,
+        rate_key: KeyFunction | None = None,
+        breaker: Breaker | None = None,
     ) -> Callable[[Callable[P, R]], JobFunction[P, R]]:
         """Register the decorated function (``async def`` or plain ``def``) as the handler of job type ``name``;
-        it is returned as it is, with ``.enqueue`` methods added (``worker.enqueue``)."""
+        it is returned as it is, with ``.enqueue`` methods added (``worker.enqueue``).
+
+        ``rate_limit`` ("100/m") caps the starts per key (``rate_key(payload)``, default the job type) across the
+        fleet; ``breaker`` pauses the jobs of a failing downstream (``worker.flow``).
+        """
+        try:
+            rate = parse_rate(rate_limit) if rate_limit is not None else None
+        except ValueError as exc:
+            raise ConfigError(f"job {name!r}: {exc}") from None
+        if rate_key is not None and rate is None:
+            raise ConfigError(f"job {name!r}: rate_key needs a rate_limit")
 
         def decorate(handler: Callable[P, R]) -> JobFunction[P, R]:
             caller = sys._getframe(1)  # the scope the handler is defined in: its local models resolve there
@@ -230,6 +247,9 @@ class Registry:
                     bugs=tuple(bugs),
                     idempotent=idempotent,
                     key=key,
+                    rate=rate,
+                    rate_key=rate_key,
+                    breaker=breaker,
                     payload_model=payload_model,
                     wants_context=wants_context,
                     is_async=_is_async(handler),

@@ -100,6 +100,7 @@ async def running_worker(
     ledger: Any = None,
     rng: random.Random | None = None,
     workflows: Callable[[Any, Any], Any] | None = None,
+    gate: Any = None,
 ) -> AsyncIterator[Running]:
     """``workflows``: makes the worker's WorkflowHooks from its queue and DLQ."""
     async with contextlib.AsyncExitStack() as stack:
@@ -128,6 +129,7 @@ async def running_worker(
             ledger=ledger,
             rng=rng,
             workflows=workflows(queue, dlq) if workflows is not None else None,
+            gate=gate,
         )
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))

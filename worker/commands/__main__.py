@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "worker.commands.schedules",
     "worker.commands.tasks",
     "worker.commands.dashboard",
+    "worker.commands.breakers",
 )
 
 

@@ -1,1 +1,12 @@
-"""Flow control: when a received job may run (long delays, holds) and how its attempts are counted."""
+"""Flow control: when a received job may run. Long delays and holds (``delays``, ``attempts``: how a job's
+attempts are counted); rate limits (``gcra``) and circuit breakers (``breaker``) shared by a fleet, pure; their items
+in DynamoDB or this process (``store``); the gate a job passes before its handler runs (``gate``).
+
+Only the pure, user-facing parts are re-exported here (``worker.jobs`` imports them); the runtime imports
+``worker.flow.gate`` itself.
+"""
+
+from worker.flow.breaker import Breaker
+from worker.flow.gcra import Rate, parse_rate
+
+__all__ = ["Breaker", "Rate", "parse_rate"]

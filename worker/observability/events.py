@@ -30,6 +30,7 @@ class Kind(StrEnum):
     DUPLICATE_SKIPPED = "duplicate_skipped"  # idempotency key already COMPLETED: acknowledged without running
     HEARTBEAT = "heartbeat"  # visibility extended while the job ran
     CLAIM_LOST = "claim_lost"  # a heartbeat found the receipt handle no longer valid
+    BREAKER_CHANGED = "breaker_changed"  # a circuit breaker changed state (extra: breaker_key, previous, state)
 
 
 @dataclass(frozen=True)

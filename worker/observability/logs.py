@@ -244,6 +244,7 @@ _EVENT_LEVELS = {
     Kind.DUPLICATE_SKIPPED: logging.INFO,
     Kind.HEARTBEAT: logging.DEBUG,
     Kind.CLAIM_LOST: logging.WARNING,
+    Kind.BREAKER_CHANGED: logging.WARNING,
 }
 
 _EVENT_MESSAGES = {
@@ -256,6 +257,7 @@ _EVENT_MESSAGES = {
     Kind.DUPLICATE_SKIPPED: "duplicate job skipped",
     Kind.HEARTBEAT: "visibility extended",
     Kind.CLAIM_LOST: "claim lost: another consumer may run this job",
+    Kind.BREAKER_CHANGED: "circuit breaker changed state",
 }
 
 

@@ -16,6 +16,7 @@ Names and dimensions are a public contract (alarms and dashboards depend on them
         DuplicatesSkipped (Count), JobDuration, QueueWait (Milliseconds), Attempts (Count)
     per category, dimension set [Queue, Category]:  JobsDeadLettered (Count)
     per worker, dimension set [Queue]:              InFlight, FreeSlots, StuckThreads (Count, one sample a second)
+    per breaker state, dimension set [Queue, BreakerState]: BreakerTransitions (Count; closed, open, half_open)
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ DUPLICATES_SKIPPED = "DuplicatesSkipped"
 IN_FLIGHT = "InFlight"
 FREE_SLOTS = "FreeSlots"
 STUCK_THREADS = "StuckThreads"
+BREAKER_TRANSITIONS = "BreakerTransitions"
 
 JOB_COUNTERS = (
     JOBS_PROCESSED,
@@ -66,9 +68,11 @@ UNITS = {JOB_DURATION: "Milliseconds", QUEUE_WAIT: "Milliseconds"}  # everything
 QUEUE = "Queue"
 JOB_TYPE = "JobType"
 CATEGORY = "Category"
+BREAKER_STATE = "BreakerState"
 JOB_DIMENSIONS = [[QUEUE], [QUEUE, JOB_TYPE]]
 CATEGORY_DIMENSIONS = [[QUEUE, CATEGORY]]
 WORKER_DIMENSIONS = [[QUEUE]]
+BREAKER_DIMENSIONS = [[QUEUE, BREAKER_STATE]]
 
 #: EMF limits (CloudWatch embedded metric format specification): 100 metric definitions per directive,
 #: 100 values per metric array, 30 dimension keys per dimension set.
@@ -101,9 +105,15 @@ class Snapshot:
     jobs: dict[str, JobStats] = field(default_factory=dict)
     dead_letters_by_category: Counter[str] = field(default_factory=Counter)
     gauges: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in WORKER_GAUGES})
+    breaker_transitions: Counter[str] = field(default_factory=Counter)  # by the state entered
 
     def is_empty(self) -> bool:
-        return not self.jobs and not self.dead_letters_by_category and not any(self.gauges.values())
+        return (
+            not self.jobs
+            and not self.dead_letters_by_category
+            and not any(self.gauges.values())
+            and not self.breaker_transitions
+        )
 
 
 class JobTypeNames:
@@ -144,6 +154,9 @@ class MetricBuffer:
     def record(self, event: Event) -> None:
         kind = event.kind
         if kind in (Kind.RECEIVED, Kind.RELEASED, Kind.CLAIM_LOST):
+            return
+        if kind is Kind.BREAKER_CHANGED:
+            self._snapshot.breaker_transitions[event.extra.get("state", "unknown")] += 1
             return
         stats = self._stats(self._job_type(event))
         if kind is Kind.STARTED:
@@ -231,6 +244,16 @@ def emf_documents(snapshot: Snapshot, *, namespace: str, queue: str, timestamp_m
                 CATEGORY_DIMENSIONS,
                 {QUEUE: queue, CATEGORY: category},
                 {JOBS_DEAD_LETTERED: count},
+            )
+        )
+    for state, count in sorted(snapshot.breaker_transitions.items()):
+        documents.append(
+            _document(
+                namespace,
+                timestamp_ms,
+                BREAKER_DIMENSIONS,
+                {QUEUE: queue, BREAKER_STATE: state},
+                {BREAKER_TRANSITIONS: count},
             )
         )
     gauges = {name: _chunks(values, MAX_VALUES_PER_METRIC) for name, values in snapshot.gauges.items() if values}
@@ -379,6 +402,8 @@ def metric_data(snapshot: Snapshot, *, queue: str, timestamp: float) -> list[dic
     for name, values in snapshot.gauges.items():
         if values:
             add(name, {QUEUE: queue}, values)
+    for state, count in sorted(snapshot.breaker_transitions.items()):
+        add(BREAKER_TRANSITIONS, {QUEUE: queue, BREAKER_STATE: state}, count)
     return data
 
 

@@ -83,6 +83,12 @@ class PrometheusObserver:
             ["queue"],
             registry=registry,
         ).labels(queue)
+        self.breaker_transitions = Counter(
+            "sqs_worker_breaker_transitions_total",
+            "Circuit breaker state changes this worker made, by the state entered (closed, open, half_open).",
+            [*_JOB, "state"],
+            registry=registry,
+        )
         self.endpoint_up = Gauge(
             "sqs_worker_endpoint_up",
             "1 while the endpoint of a service (sqs, dynamodb) is reachable, 0 while not.",
@@ -97,6 +103,8 @@ class PrometheusObserver:
             self.jobs.labels(*labels, outcome).inc()
         if event.kind is Kind.DEAD_LETTERED:
             self.dead_lettered.labels(*labels, event.category or "unknown").inc()
+        elif event.kind is Kind.BREAKER_CHANGED:
+            self.breaker_transitions.labels(*labels, event.extra.get("state", "unknown")).inc()
         elif event.kind is Kind.HEARTBEAT:
             self.heartbeat_extensions.labels(*labels).inc()
         elif event.kind is Kind.STARTED and event.queue_wait_s is not None:

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from pydantic import BaseModel, Field, SecretStr
@@ -32,6 +33,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.context import JobContext
 from worker.errors import PermanentError, RetryableError, WorkerError
+from worker.flow import Breaker
 from worker.jobs import Registry, default_registry
 
 JOB_TYPE = "webhook"
@@ -47,6 +49,12 @@ class WebhookSettings(BaseSettings):
     secret: SecretStr | None = None
     timeout_s: float = Field(default=10.0, gt=0)
     max_retry_after_s: int = Field(default=3600, ge=0)
+    #: Starts per endpoint host across the fleet ("600/m"; "off": none). Read when the job is registered.
+    rate_limit: str = "600/m"
+    #: The circuit breaker per endpoint host: this many counted failures within the window open it for the cool-down.
+    breaker_failures: int = Field(default=10, ge=1)
+    breaker_window_s: float = Field(default=60.0, gt=0)
+    breaker_cooldown_s: float = Field(default=60.0, gt=0)
 
 
 _configured: WebhookSettings | None = None
@@ -180,9 +188,30 @@ def delivery_key(payload: Webhook) -> str:
 JOB_OPTIONS: dict[str, Any] = {"max_attempts": 8, "timeout_s": 60, "backoff_base_s": 5, "backoff_max_s": 900}
 
 
+def endpoint_host(payload: Webhook) -> str:
+    """The rate limit's and the circuit breaker's key: the endpoint's host (and port)."""
+    return urlsplit(payload.url).netloc.lower() or payload.url
+
+
+def flow_options(settings: WebhookSettings) -> dict[str, Any]:
+    """A rate limit and a circuit breaker per endpoint host, from ``WORKER_WEBHOOK_*``."""
+    options: dict[str, Any] = {
+        "breaker": Breaker(
+            key=endpoint_host,
+            failures=settings.breaker_failures,
+            window_s=settings.breaker_window_s,
+            cooldown_s=settings.breaker_cooldown_s,
+        )
+    }
+    if settings.rate_limit.strip().lower() != "off":
+        options.update(rate_limit=settings.rate_limit, rate_key=endpoint_host)
+    return options
+
+
 def register(registry: Registry, **options: Any) -> None:
     """Register the ``webhook`` job on ``registry`` (done on import for the default one)."""
-    registry.job(JOB_TYPE, key=delivery_key, **{**JOB_OPTIONS, **options})(deliver)
+    flow = flow_options(_configured or WebhookSettings())
+    registry.job(JOB_TYPE, key=delivery_key, **{**JOB_OPTIONS, **flow, **options})(deliver)
 
 
 register(default_registry)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import uuid
@@ -116,6 +117,28 @@ def check_registry(settings: WorkerSettings, registry: Registry) -> None:
         )
 
 
+def local_gate(registry: Registry) -> Any:
+    """Rate limits and breakers of this worker alone (no table); says so once when a job has either."""
+    from worker.flow.gate import Gate
+
+    limited = [spec.name for spec in registry.specs() if spec.rate is not None or spec.breaker is not None]
+    if limited:
+        logging.getLogger("worker").warning(
+            "WORKER_IDEMPOTENCY_TABLE is not set: the rate limits and circuit breakers of %s are local to this "
+            "worker (each worker of a fleet applies them on its own)",
+            ", ".join(limited),
+        )
+    return Gate(owner=worker_id())
+
+
+def shared_gate(dynamodb: Any, table: str, *, owner: str) -> Any:
+    """Rate limits and breakers shared by every worker of the fleet through the idempotency table."""
+    from worker.flow.gate import Gate
+    from worker.flow.store import DynamoFlowStore
+
+    return Gate(DynamoFlowStore(dynamodb, table), owner=owner)
+
+
 @contextlib.asynccontextmanager
 async def open_worker(
     settings: WorkerSettings,
@@ -134,6 +157,7 @@ async def open_worker(
         ledger: Any = None
         workflows: Any = None
         queue, dlq = Queue(sqs, queue_url), Queue(sqs, dlq_url)
+        gate = None
         if settings.idempotency_table:
             from worker.idempotency import Ledger
 
@@ -144,6 +168,9 @@ async def open_worker(
             from worker.workflows import WorkflowHooks, WorkflowStore
 
             workflows = WorkflowHooks(WorkflowStore(dynamodb, settings.idempotency_table), queue=queue, dlq=dlq)
+            gate = shared_gate(dynamodb, settings.idempotency_table, owner=ledger.owner)
+        else:
+            gate = local_gate(registry)
         yield Worker(
             registry=registry,
             queue=queue,
@@ -157,4 +184,5 @@ async def open_worker(
             observers=observers,
             ledger=ledger,
             workflows=workflows,
+            gate=gate,
         )

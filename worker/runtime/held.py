@@ -12,6 +12,7 @@ from worker.backends.protocols import Message
 from worker.observability.events import Event, Kind, Observers
 
 if TYPE_CHECKING:
+    from worker.flow.gate import Ticket
     from worker.idempotency import Claim
 
 log = logging.getLogger("worker")
@@ -33,6 +34,7 @@ class Held:
     attempt: int = 1
     receive_count: int = 1
     workflow_id: str | None = None
+    ticket: Ticket | None = None  # what the flow gate let through (rate limit, breaker), for its report
     extension: asyncio.Task[None] | None = field(default=None, repr=False)
     handler: asyncio.Future[Any] | None = field(default=None, repr=False)
     #: The last event about this message (the attempt's outcome once applied; read by the tracing span).

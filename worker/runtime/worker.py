@@ -30,12 +30,13 @@ from worker.envelope import INVALID_MESSAGE
 from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable
 from worker.flow.attempts import counts_of
 from worker.flow.delays import DUE_AT_ATTRIBUTE, MAX_HOP_S, due_action, due_at_of
+from worker.flow.gate import Gate, Outcome, Step, change_event, flow_keys
 from worker.jobs import Registry
 from worker.lifecycle import Resources, open_lifespans
 from worker.middleware import call_through
 from worker.observability.events import Kind, Observers
 from worker.observability.tracing import attempt_span
-from worker.policy import BUG, PERMANENT, Action, describe_error
+from worker.policy import BUG, EXHAUSTED, PERMANENT, Action, describe_error
 from worker.runtime.execution import (
     PreparedJob,
     build_context,
@@ -92,6 +93,7 @@ class Worker:
         ledger: Ledger | None = None,
         rng: random.Random | None = None,
         workflows: WorkflowHooks | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.registry = registry
         self.queue = queue
@@ -132,6 +134,9 @@ class Worker:
         self._warned_unguarded = False
         #: What the registry's lifespans yielded, while ``run`` runs (``ctx.resources``).
         self.resources = Resources()
+        #: Rate limits and circuit breakers (worker.flow): shared through the table, or this worker's own.
+        self.gate = gate if gate is not None else Gate()
+        self.gate.on_change = lambda change: self.observers.emit(change_event(change, self.queue.name))
 
     # ----------------------------------------------------------------------------------------------- running
 
@@ -361,9 +366,12 @@ class Worker:
         if self.ledger is None and job.envelope.idempotency_key is not None and not self._warned_unguarded:
             self._warned_unguarded = True
             log.warning("messages carry idempotency keys but WORKER_IDEMPOTENCY_TABLE is not set: they run unguarded")
+        if (job.spec.rate is not None or job.spec.breaker is not None) and not await self._pass_gate(held, job):
+            return False
         if self.ledger is not None:
             verdict = await self._claim(held, job)
             if verdict is not None:
+                await self._report_flow(held, Outcome.NOT_COUNTED)  # a breaker's probe that did not run: let go
                 return verdict
         return await self._execute(held, job)
 
@@ -388,6 +396,43 @@ class Worker:
             await self._finish(held, self.outcomes.hold_back(held, math.ceil(action.seconds), "not yet due"))
             return True
         return None
+
+    async def _pass_gate(self, held: Held, job: PreparedJob) -> bool:
+        """The job's circuit breaker and rate limit (worker.flow.gate): True to go on (after waiting for a reserved
+        start); False when the message was held back with a delay (nothing failed) or its key function raised."""
+        try:
+            rate_key, breaker_key = flow_keys(job.spec, job.payload)
+        except Exception as exc:  # the key function raised: the job's bug
+            await self._finish(held, self.outcomes.dead_letter(held, BUG, "flow key: " + describe_error(exc)))
+            return False
+        try:
+            decision = await self.gate.admit(
+                job_type=job.spec.name,
+                rate=job.spec.rate,
+                rate_key=rate_key,
+                breaker=job.spec.breaker,
+                breaker_key=breaker_key,
+                message_id=held.message.message_id,
+                timeout_s=job.spec.timeout_s,
+            )
+        except LedgerUnavailable as exc:  # fail closed, as the ledger does
+            self._dynamodb.down(exc)
+            await self._finish(held, self.outcomes.hold_back(held, LEDGER_RETRY_S, "flow table unreachable"))
+            return False
+        if decision.step is Step.HOLD:
+            await self._finish(held, self.outcomes.hold_back(held, decision.delay_s, decision.reason))
+            return False
+        held.ticket = decision.ticket
+        return True
+
+    async def _report_flow(self, held: Held, outcome: Outcome) -> None:
+        """Tell the job's circuit breaker how it ended; a table that cannot take it loses this one count."""
+        if held.ticket is None or held.job_type is None:
+            return
+        try:
+            await self.gate.report(held.ticket, outcome, job_type=held.job_type)
+        except LedgerUnavailable as exc:
+            self._dynamodb.down(exc)
 
     async def _claim(self, held: Held, job: PreparedJob) -> bool | None:
         """Take the job's idempotency claim. None: go ahead and run it; a bool: the outcome is settled."""
@@ -508,6 +553,7 @@ class Worker:
             return
         await self.outcomes.ack(held)
         self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)
+        await self._report_flow(held, Outcome.SUCCEEDED)
 
     async def _complete_claim(self, claim: Claim, result: Any) -> bool:
         """Record completion (the ledger retries it within its budget: a lost completion means the job runs again)."""
@@ -518,9 +564,11 @@ class Worker:
         decision, text = judge_failure(
             job, error, attempt=held.attempt, max_attempts=job.spec.max_attempts, rng=self._rng
         )
+        counted = decision.action is Action.RETRY or decision.category == EXHAUSTED
         if decision.action is not Action.RETRY and not await self._steps.failed(held, job.envelope, text):
             await self._ledger_settle(held, text, final=False)
             await self._workflow_retry(held)
+            await self._report_flow(held, Outcome.COUNTED if counted else Outcome.NOT_COUNTED)
             return
         if decision.action is Action.RETRY:
             assert decision.delay_s is not None
@@ -530,6 +578,7 @@ class Worker:
             assert decision.category is not None
             await self._ledger_settle(held, text, final=True)
             await self.outcomes.dead_letter(held, decision.category, text, duration_s=duration_s)
+        await self._report_flow(held, Outcome.COUNTED if counted else Outcome.NOT_COUNTED)
 
     async def _workflow_retry(self, held: Held) -> None:
         """The workflow's state could not be written: the message comes back later and tells it again."""
