@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Security checks, run by the test command (.ci/run) and by CI:
 #   1. bandit over worker/ (config: [tool.bandit] in pyproject.toml); any finding fails.
-#   2. pip-audit over the locked set users install (runtime dependencies plus the `dev`, `gcp`, `dashboard` and `recipes` extras) from
-#      uv.lock with hashes; any known vulnerability fails.
+#   2. pip-audit over the locked set users install (runtime dependencies plus every extra: dev, recipes, otel, gcp,
+#      dashboard; no test tools) from uv.lock with hashes; any known vulnerability fails.
 # pip-audit needs PyPI's vulnerability data (the JSON API of pypi.org). Where that cannot be reached (a registry
 # mirror serving only packages), every package comes back "could not be audited": the script says so loudly and
 # passes, unless SECURITY_AUDIT_REQUIRED=1 (the GitHub workflow sets it), where it fails.
@@ -22,8 +22,8 @@ echo "== bandit"
 "$bandit" -q -r worker -c pyproject.toml
 echo "bandit: no findings"
 
-echo "== pip-audit (uv.lock: runtime dependencies + dev, gcp, dashboard and recipes extras)"
-uv export --frozen --no-default-groups --extra dev --extra gcp --extra dashboard --extra recipes --no-emit-project --format requirements-txt \
+echo "== pip-audit (uv.lock: runtime dependencies + every extra)"
+uv export --frozen --no-default-groups --all-extras --no-emit-project --format requirements-txt \
     --quiet -o "$work/requirements.txt"
 set +e
 "$pip_audit" -r "$work/requirements.txt" --disable-pip --require-hashes --progress-spinner off \

@@ -256,3 +256,16 @@ def test_a_task_name_cloud_tasks_knows_already_is_reported_not_raised() -> None:
     assert client.calls == [task]
     with pytest.raises(ConfigError, match="message groups"):
         job_task(ct, "jobs", Job("send_email", group_id="g"))
+
+
+def test_the_emulator_runs_from_its_own_venv_and_a_missing_one_says_how_to_make_it(tmp_path: Path) -> None:
+    """The emulator pins protobuf<5: it runs from .tools/cloudtasks-emulator-venv, never from the project's venv
+    (whose google-cloud-tasks and protobuf are the ones users get with the `gcp` extra)."""
+    import importlib.util
+
+    from tests.support.cloudtasks import start_emulator
+
+    assert importlib.util.find_spec("gcloud_tasks_emulator") is None, "the emulator leaked into the project's venv"
+    missing = r"no Cloud Tasks emulator virtualenv at .*/none: run infra/cloudtasks/setup\.sh"
+    with pytest.raises(RuntimeError, match=missing):
+        start_emulator(venv=tmp_path / "none")

@@ -391,6 +391,11 @@ def test_workflow_uses_the_lock_and_the_committed_scripts(workflow: dict[str, An
     commands = "\n".join(step.get("run", "") for job in workflow["jobs"].values() for step in job["steps"])
     assert "uv sync --frozen" in commands
     scripts = set(re.findall(r"bash (infra/\S+\.sh)", commands))
-    assert scripts >= {"infra/security-checks.sh", "infra/localstack/setup.sh", "infra/hadolint/setup.sh"}
+    assert scripts >= {
+        "infra/security-checks.sh",
+        "infra/localstack/setup.sh",
+        "infra/cloudtasks/setup.sh",
+        "infra/hadolint/setup.sh",
+    }
     for script in scripts:
         assert (REPO_ROOT / script).is_file(), script

@@ -1,5 +1,8 @@
 """Cloud Tasks for the tests: the ``gcloud-tasks-emulator`` (a local Cloud Tasks API over gRPC that dispatches
 HTTP tasks), keys and tokens the test controls with a JWKS endpoint serving them, and ``serve-tasks`` in-process.
+
+The emulator runs from its own virtualenv (``infra/cloudtasks/setup.sh`` makes it): it pins ``protobuf<5``, which
+must not hold back ``google-cloud-tasks`` in uv.lock. The tests talk to it over gRPC with the project's client.
 """
 
 from __future__ import annotations
@@ -8,13 +11,15 @@ import asyncio
 import contextlib
 import http.server
 import json
+import os
 import subprocess
-import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jwt
@@ -33,6 +38,12 @@ LOCATION = "test-location"
 SECRET = "a-shared-secret-for-tests"
 #: Dispatches per task before the emulator itself gives up (its only retry setting); above the tests' max attempts.
 EMULATOR_MAX_RETRIES = 6
+#: The emulator's virtualenv (infra/cloudtasks/setup.sh), or $CLOUDTASKS_EMULATOR_VENV.
+EMULATOR_VENV = Path(
+    os.environ.get(
+        "CLOUDTASKS_EMULATOR_VENV", Path(__file__).resolve().parents[2] / ".tools" / "cloudtasks-emulator-venv"
+    )
+)
 
 
 @dataclass
@@ -73,26 +84,21 @@ class Emulator:
                 self.process.wait(timeout=5)
 
 
-def start_emulator(ready_timeout_s: float = 30.0) -> Emulator:
-    """The emulator on a free port; fails loudly when it does not answer within ``ready_timeout_s``."""
+def start_emulator(ready_timeout_s: float = 30.0, venv: Path = EMULATOR_VENV) -> Emulator:
+    """The emulator on a free port; fails loudly (with its log) when it does not answer within ``ready_timeout_s``."""
     import grpc
 
+    python = venv / "bin" / "python"
+    if not python.exists():
+        raise RuntimeError(f"no Cloud Tasks emulator virtualenv at {venv}: run infra/cloudtasks/setup.sh")
     port = free_port()
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - the emulator's stderr, read back only when it fails to start
+    command = [str(python), "-W", "ignore::FutureWarning", "-m", "gcloud_tasks_emulator", "start"]
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gcloud_tasks_emulator",
-            "start",
-            "-p",
-            str(port),
-            "-q",
-            "-r",
-            str(EMULATOR_MAX_RETRIES),
-        ],
+        [*command, "-p", str(port), "-q", "-r", str(EMULATOR_MAX_RETRIES)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=log,
     )
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
@@ -100,9 +106,15 @@ def start_emulator(ready_timeout_s: float = 30.0) -> Emulator:
     except grpc.FutureTimeoutError:
         process.kill()
         process.wait(timeout=10)
-        raise RuntimeError(f"gcloud-tasks-emulator did not answer on port {port} within {ready_timeout_s} s") from None
+        log.seek(0)
+        tail = log.read().decode("utf-8", "replace").strip().splitlines()[-20:]
+        raise RuntimeError(
+            f"gcloud-tasks-emulator ({python}) did not answer on port {port} within {ready_timeout_s} s; "
+            f"exit code {process.returncode}, its stderr:\n" + "\n".join(tail)
+        ) from None
     finally:
         channel.close()
+        log.close()
     return Emulator(f"127.0.0.1:{port}", process)
 
 
