@@ -12,7 +12,9 @@ from worker.backends.sqs import Message
 from worker.observability.events import Event, Kind, Observers
 
 if TYPE_CHECKING:
+    from worker.backends.sqs import Queue
     from worker.idempotency import Claim
+    from worker.runtime.queueset import Route
 
 log = logging.getLogger("worker")
 
@@ -31,6 +33,12 @@ class Held:
     job_type: str | None = None
     extension: asyncio.Task[None] | None = field(default=None, repr=False)
     handler: asyncio.Future[Any] | None = field(default=None, repr=False)
+    #: The queue it came from and that queue's DLQ (None: the worker's only queue, as its Outcomes know it).
+    route: Route | None = field(default=None, repr=False)
+
+    def queue_or(self, default: Queue) -> Queue:
+        """The queue this message came from (its route's), else ``default``."""
+        return self.route.queue if self.route is not None else default
 
     def stop_handler(self) -> None:
         """Cancel the running handler: its idempotency lease went to another worker, which runs the job now."""
@@ -39,10 +47,11 @@ class Held:
             self.handler.cancel()
 
     def event(self, kind: Kind, queue: str, **fields: Any) -> Event:
-        """An event about this message; never carries its payload."""
+        """An event about this message (``queue``: the name reported unless its route names its own queue);
+        never carries its payload."""
         return Event(
             kind=kind,
-            queue=queue,
+            queue=self.route.queue.name if self.route is not None else queue,
             message_id=self.message.message_id,
             job_type=self.job_type,
             attempt=self.message.receive_count,
@@ -50,7 +59,8 @@ class Held:
         )
 
     def log_fields(self, queue: str) -> dict[str, Any]:
-        return {"message_id": self.message.message_id, "job_type": self.job_type, "queue": queue}
+        name = self.route.queue.name if self.route is not None else queue
+        return {"message_id": self.message.message_id, "job_type": self.job_type, "queue": name}
 
 
 class Connectivity:

@@ -40,9 +40,17 @@ class Slots:
     async def reserve(self, most: int) -> Reservation:
         """Wait until at least one slot is free and no message waits for one, then take up to ``most`` for a
         receive; ``settle`` it when the receive returns, or ``lend`` it when the receive is slow."""
+        await self.wait_free()
+        return self.reserve_now(most)
+
+    async def wait_free(self) -> None:
+        """Wait until at least one slot is free and no message waits for one (``reserve_now`` may then take)."""
         while self.free == 0 or self._waiters:
             self._available.clear()
             await self._available.wait()
+
+    def reserve_now(self, most: int) -> Reservation:
+        """Take up to ``most`` free slots (at least one must be free) for a receive, without waiting."""
         taken = min(most, self.free)
         self.free -= taken
         reservation = Reservation(taken)

@@ -1,0 +1,57 @@
+"""The queues one worker consumes (``Route``: a queue, its own DLQ, its weight) and the receive side of the
+priority policy: receive loops ask ``Receivers.reserve`` for their next receive, which waits until a slot is free
+and ``worker.flow.priorities`` names a queue that needs one, then reserves the slots for it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from worker.backends.sqs import Queue
+from worker.flow.priorities import Mode, Priorities
+from worker.runtime.slots import Reservation, Slots
+
+
+@dataclass(frozen=True, eq=False)
+class Route:
+    """Where a message came from and where its dead letters go: its queue and that queue's DLQ."""
+
+    queue: Queue
+    dlq: Queue
+    weight: int = 1
+
+
+class Receivers:
+    """Hands out receives over a set of routes, by the priority policy, from the worker's slots."""
+
+    def __init__(self, routes: Sequence[Route], *, mode: Mode, slots: Slots) -> None:
+        self.routes = list(routes)
+        self.policy = Priorities([route.weight for route in self.routes], mode=mode)
+        self.slots = slots
+        self._changed = asyncio.Event()
+
+    async def reserve(self) -> tuple[Route, int, Reservation]:
+        """Wait for a slot and a queue that needs a receive; the route, its index and the slots reserved."""
+        while True:
+            await self.slots.wait_free()
+            grant = self.policy.next(self.slots.free)
+            if grant is not None:
+                return self.routes[grant.index], grant.index, self.slots.reserve_now(grant.count)
+            self._changed.clear()
+            await self._changed.wait()
+
+    def hedges(self, index: int) -> bool:
+        return self.policy.hedges(index)
+
+    def lent(self, index: int, count: int) -> None:
+        self.policy.lent(index, count)
+        self._changed.set()
+
+    def answered(self, index: int, *, asked: int, received: int, lent: bool) -> None:
+        self.policy.answered(index, asked=asked, received=received, lent=lent)
+        self._changed.set()
+
+    def failed(self, index: int, *, asked: int, lent: bool) -> None:
+        self.policy.failed(index, asked=asked, lent=lent)
+        self._changed.set()
