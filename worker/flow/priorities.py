@@ -19,6 +19,10 @@ Rules:
 - ``strict``: the first eligible queue in the set's order; a lower queue gets a receive only while every higher
   one is quiet (its last answer was empty, or its long poll is open unanswered).
 - A set of one queue is today's single queue: every free slot goes to it, up to 10 per receive.
+
+When does an unanswered receive count as a long poll on an empty queue? SQS answers a receive at once when the
+queue holds messages, so a receive still open after several times the endpoint's usual answer time (``AnswerTimes``:
+at least 50 ms) is waiting on an empty queue (or on a stalled endpoint, which looks the same).
 """
 
 from __future__ import annotations
@@ -76,6 +80,23 @@ def _name_of(queue: str) -> str:
     return queue.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
 
 
+class AnswerTimes:
+    """How long receives that brought messages took (a moving average), and from when an unanswered receive
+    counts as a long poll on an empty queue: ``factor`` times that, at least ``floor_s``."""
+
+    def __init__(self, *, floor_s: float, initial_s: float = 0.1, factor: float = 5.0, smoothing: float = 0.2) -> None:
+        self.floor_s = floor_s
+        self.typical_s = initial_s
+        self.factor = factor
+        self.smoothing = smoothing
+
+    def observe(self, seconds: float) -> None:
+        self.typical_s += self.smoothing * (max(0.0, seconds) - self.typical_s)
+
+    def empty_after_s(self) -> float:
+        return max(self.floor_s, self.factor * self.typical_s)
+
+
 @dataclass(frozen=True)
 class Grant:
     """A receive to start: on the queue at ``index``, for ``count`` messages (the slots it reserves)."""
@@ -104,7 +125,8 @@ class QueueState:
     def eligible(self) -> bool:
         if self.listening:
             return False  # its long poll is open: it brings the messages as they arrive
-        return self.receives == 0 or self.busy
+        # One receive at a time until its first answer; then as many as the slots allow while it is busy.
+        return self.receives == 0 or (self.busy and self.last_received is not None)
 
 
 class Priorities:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from worker.backends.sqs import Queue
-from worker.flow.priorities import Mode, Priorities
+from worker.flow.priorities import AnswerTimes, Mode, Priorities
 from worker.runtime.slots import Reservation, Slots
 
 
@@ -25,9 +25,11 @@ class Route:
 class Receivers:
     """Hands out receives over a set of routes, by the priority policy, from the worker's slots."""
 
-    def __init__(self, routes: Sequence[Route], *, mode: Mode, slots: Slots) -> None:
+    def __init__(self, routes: Sequence[Route], *, mode: Mode, slots: Slots, hedge_after_s: float) -> None:
         self.routes = list(routes)
         self.policy = Priorities([route.weight for route in self.routes], mode=mode)
+        self.hedge_after_s = hedge_after_s
+        self.answer_times = AnswerTimes(floor_s=hedge_after_s)
         self.slots = slots
         self._changed = asyncio.Event()
 
@@ -41,14 +43,21 @@ class Receivers:
             self._changed.clear()
             await self._changed.wait()
 
-    def hedges(self, index: int) -> bool:
-        return self.policy.hedges(index)
+    def lend_after_s(self, index: int) -> float | None:
+        """When a receive on the queue at ``index`` still unanswered gives its slots back (None: it keeps them).
+        A single queue: after ``hedge_after_s`` while busy (a stalled endpoint). A set: once it looks like a long
+        poll on an empty queue (``AnswerTimes``)."""
+        if not self.policy.hedges(index):
+            return None
+        return self.hedge_after_s if self.policy.single else self.answer_times.empty_after_s()
 
     def lent(self, index: int, count: int) -> None:
         self.policy.lent(index, count)
         self._changed.set()
 
-    def answered(self, index: int, *, asked: int, received: int, lent: bool) -> None:
+    def answered(self, index: int, *, asked: int, received: int, lent: bool, elapsed_s: float) -> None:
+        if received and not lent:
+            self.answer_times.observe(elapsed_s)
         self.policy.answered(index, asked=asked, received=received, lent=lent)
         self._changed.set()
 

@@ -92,7 +92,7 @@ class Worker:
         self.ledger = ledger
         self._rng = rng or random.Random()
         self._slots = Slots(options.concurrency)
-        self._receivers = Receivers(routes, mode=mode, slots=self._slots)
+        self._receivers = Receivers(routes, mode=mode, slots=self._slots, hedge_after_s=HEDGE_AFTER_S)
         #: FIFO groups waiting their turn, by (queue URL, MessageGroupId).
         self._groups: dict[tuple[str, str], deque[Held]] = {}
         self._jobs: set[asyncio.Task[Any]] = set()
@@ -150,8 +150,9 @@ class Worker:
     async def _receive_loop(self, stop: asyncio.Event) -> None:
         """Receive for free slots until stopping, from the queue the priority policy names (``Receivers``). A
         receive unanswered after ``HEDGE_AFTER_S`` gives its slots back so another loop can use them: on a single
-        queue only while it is busy (the last receive brought messages: an endpoint erring, retrying or stalled),
-        in a set always (a long poll on an empty queue: the other queues use the slots). What it brings back later
+        queue only while it is busy (the last receive brought messages: an endpoint erring, retrying or stalled);
+        in a set once it looks like a long poll on an empty queue (``Receivers.lend_after_s``: the other queues
+        use the slots). What it brings back later
         takes the slots still free, the rest waits for one (``_place_later``). A failed receive pauses its loop by
         the RECEIVE budget of ``worker.budgets``."""
         failures = 0  # failed receives in a row
@@ -165,11 +166,10 @@ class Worker:
                     visibility_timeout_s=self.options.visibility_timeout_s,
                 )
             )
-            self._polls[receive] = time.monotonic()
+            self._polls[receive] = began = time.monotonic()
             receive.add_done_callback(self._polls.pop)
             try:
-                hedge_s = HEDGE_AFTER_S if self._receivers.hedges(index) else None
-                done, _ = await asyncio.wait({receive}, timeout=hedge_s)
+                done, _ = await asyncio.wait({receive}, timeout=self._receivers.lend_after_s(index))
                 if not done:
                     self._slots.lend(reservation)
                     self._receivers.lent(index, asked)
@@ -195,7 +195,9 @@ class Worker:
                 raise
             failures = 0
             self._sqs.up()
-            self._receivers.answered(index, asked=asked, received=len(messages), lent=lent)
+            self._receivers.answered(
+                index, asked=asked, received=len(messages), lent=lent, elapsed_s=time.monotonic() - began
+            )
             # What its reservation still holds (a lent one or one borrowed from holds less), then free or borrowed
             # slots; the rest waits for a slot.
             placed = self._slots.settle(reservation, len(messages))
