@@ -149,3 +149,15 @@ def test_the_policy_refuses_an_empty_set_and_bad_weights() -> None:
         Priorities([])
     with pytest.raises(ValueError, match="weights"):
         Priorities([1, 0])
+
+
+def test_a_busy_queue_gets_one_more_receive_past_a_stalled_one_then_counts_as_empty() -> None:
+    policy = Priorities([1, 1], mode=Mode.STRICT)
+    assert policy.next(10) == Grant(0, 10)
+    policy.answered(0, asked=10, received=10, lent=False)  # busy
+    assert policy.next(10) == Grant(0, 10)
+    policy.lent(0, 10)  # unanswered: a slow endpoint, or the queue just emptied
+    assert policy.next(10) == Grant(0, 10), "one more receive on the busy queue; the lower one still waits"
+    policy.lent(0, 10)  # the second in a row: it is empty
+    assert policy.next(10) == Grant(1, 10), "now the lower queue receives"
+    assert policy.next(10) is None

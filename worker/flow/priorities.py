@@ -8,7 +8,9 @@ receive did (``lent``: unanswered after a short while, so its queue looks empty 
 Rules:
 
 - A queue with a receive open on it that went unanswered (a long poll on an empty queue) gets no other receive:
-  that one long poll brings its messages the moment they arrive. So an idle queue costs one long poll.
+  that one long poll brings its messages the moment they arrive. So an idle queue costs one long poll. A busy
+  queue's first unanswered receive may be a slow endpoint rather than an empty queue: it gets one more receive,
+  and only a second unanswered one in a row makes it count as empty.
 - A queue whose last answer brought nothing gets one receive at a time; a busy one (its last answer brought
   messages) gets as many as the free slots allow.
 - A receive asks for at most 10 messages and at most the free slots, and a queue asks for at most twice what its
@@ -123,10 +125,10 @@ class QueueState:
         return min(MAX_PER_RECEIVE, max(1, 2 * self.last_received))
 
     def eligible(self) -> bool:
-        if self.listening:
-            return False  # its long poll is open: it brings the messages as they arrive
-        # One receive at a time until its first answer; then as many as the slots allow while it is busy.
-        return self.receives == 0 or (self.busy and self.last_received is not None)
+        if not self.busy:
+            return self.receives == 0  # one receive at a time: a long poll that brings messages as they arrive
+        # Busy: as many as the slots allow (after its first answer), also past one stalled receive.
+        return self.receives == 0 or (self.last_received is not None and self.listening <= 1)
 
 
 class Priorities:
@@ -180,13 +182,15 @@ class Priorities:
         return not self.single or self.queues[index].busy
 
     def lent(self, index: int, count: int) -> None:
-        """A receive of ``count`` slots went unanswered and gave its slots back: in a set its queue counts as
-        empty (a long poll waits on it); a single queue keeps its state (a stalled endpoint)."""
+        """A receive of ``count`` slots went unanswered and gave its slots back. In a set its queue counts as
+        empty (a long poll waits on it) when it was not busy, or at the second such receive in a row; a single
+        queue keeps its state (a stalled endpoint)."""
         state = self.queues[index]
         state.served -= count / state.weight
         if not self.single:
             state.listening += 1
-            state.busy = False
+            if state.listening >= 2 or state.last_received is None:
+                state.busy = False  # a second one in a row (or before any answer): the queue is empty
 
     def answered(self, index: int, *, asked: int, received: int, lent: bool) -> None:
         """A receive of ``asked`` slots brought ``received`` messages (``lent``: after it gave its slots back)."""
