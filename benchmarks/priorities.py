@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -23,7 +24,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,56 +105,66 @@ async def measure(endpoint_url: str, args: argparse.Namespace) -> dict[str, Any]
             Route(Queue(sqs, critical.queue_url), Queue(sqs, critical.dlq_url), 10),
             Route(Queue(sqs, bulk.queue_url), Queue(sqs, bulk.dlq_url), 1),
         ]
-        worker = Worker(
-            registry=registry,
-            routes=routes,
-            mode=Mode(args.mode),
-            options=RuntimeOptions(concurrency=args.concurrency, visibility_timeout_s=60, poll_wait_s=args.poll_wait_s),
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(worker.run(stop))
 
-        async def report() -> None:  # progress on stderr, every 5 s
+        async def report(worker: Worker) -> None:  # progress on stderr, every 5 s
             while True:
                 await asyncio.sleep(5)
                 print(f"critical {len(latencies_s)} bulk {bulk_done} free {worker._slots.free}", file=sys.stderr)
 
-        reporter = asyncio.create_task(report())
-        await asyncio.sleep(1.0)  # the first long polls settle (and lend their slots)
+        @contextlib.asynccontextmanager
+        async def running() -> AsyncIterator[Worker]:
+            worker = Worker(
+                registry=registry,
+                routes=routes,
+                mode=Mode(args.mode),
+                options=RuntimeOptions(
+                    concurrency=args.concurrency, visibility_timeout_s=60, poll_wait_s=args.poll_wait_s
+                ),
+            )
+            stop = asyncio.Event()
+            task = asyncio.create_task(worker.run(stop))
+            reporter = asyncio.create_task(report(worker))
+            try:
+                yield worker
+            finally:
+                reporter.cancel()
+                stop.set()
+                await task
 
-        # Idle: critical jobs into an idle worker.
-        receives_before = routes[0].queue.receive_calls
-        idle_started = time.monotonic()
-        sender = Sender(endpoint_url, critical.queue_url, limit=args.idle_jobs)
-        sender.start()
-        await until(lambda: len(latencies_s) >= args.idle_jobs)
-        idle = list(latencies_s)
-        idle_s = time.monotonic() - idle_started
-        await asyncio.sleep(args.poll_wait_s + 1.0)  # the critical queue idle for a whole long poll
-        quiet_started, quiet_before = time.monotonic(), routes[0].queue.receive_calls
-        await asyncio.sleep(args.poll_wait_s * 2)
-        quiet_receives = routes[0].queue.receive_calls - quiet_before
-        quiet_s = time.monotonic() - quiet_started
+        # Idle: critical jobs into an idle worker, then the critical queue left idle for two long polls.
+        async with running():
+            await asyncio.sleep(1.0)  # the first long polls settle (and lend their slots)
+            receives_before = routes[0].queue.receive_calls
+            idle_started = time.monotonic()
+            sender = Sender(endpoint_url, critical.queue_url, limit=args.idle_jobs)
+            sender.start()
+            await until(lambda: len(latencies_s) >= args.idle_jobs)
+            idle = list(latencies_s)
+            idle_s = time.monotonic() - idle_started
+            idle_receives = routes[0].queue.receive_calls - receives_before
+            await asyncio.sleep(args.poll_wait_s + 1.0)
+            quiet_started, quiet_before = time.monotonic(), routes[0].queue.receive_calls
+            await asyncio.sleep(args.poll_wait_s * 2)
+            quiet_receives = routes[0].queue.receive_calls - quiet_before
+            quiet_s = time.monotonic() - quiet_started
 
-        # Saturated: a bulk backlog, and critical jobs every 100 ms meanwhile.
+        # Saturated: the bulk backlog queued first, then a worker drains it; critical jobs every 100 ms meanwhile.
         await asyncio.to_thread(
             enqueue_many, client, bulk.queue_url, [Job("bulk", {"n": n}) for n in range(args.bulk_jobs)]
         )
         latencies_s.clear()
-        drain_started = time.monotonic()
-        sender = Sender(endpoint_url, critical.queue_url)
-        await until(lambda: bulk_done >= args.concurrency)  # every slot busy with bulk before the first sample
-        sender.start()
-        await until(lambda: bulk_done >= 0.8 * args.bulk_jobs)
-        sender.stop.set()
-        await asyncio.to_thread(sender.join)
-        await until(lambda: len(latencies_s) >= sender.sent)
-        saturated = list(latencies_s)
-        await until(lambda: bulk_done >= args.bulk_jobs)
-        drain_s = time.monotonic() - drain_started
-        reporter.cancel()
-        stop.set()
-        await task
+        async with running():
+            drain_started = time.monotonic()
+            sender = Sender(endpoint_url, critical.queue_url)
+            await until(lambda: bulk_done >= args.concurrency)  # every slot busy with bulk before the first sample
+            sender.start()
+            await until(lambda: bulk_done >= 0.8 * args.bulk_jobs)
+            sender.stop.set()
+            await asyncio.to_thread(sender.join)
+            await until(lambda: len(latencies_s) >= sender.sent)
+            saturated = list(latencies_s)
+            await until(lambda: bulk_done >= args.bulk_jobs)
+            drain_s = time.monotonic() - drain_started
 
     def ms(value: float) -> float:
         return round(1000 * value, 1)
@@ -174,7 +185,7 @@ async def measure(endpoint_url: str, args: argparse.Namespace) -> dict[str, Any]
         "p95_ratio": round(saturated_p95 / idle_p95, 2),
         "within_2x": saturated_p95 <= 2 * idle_p95,
         "bulk_jobs_per_s": round(args.bulk_jobs / drain_s, 1),
-        "critical_receives_while_idle_jobs": routes[0].queue.receive_calls - receives_before,
+        "critical_receives_while_idle_jobs": idle_receives,
         "idle_jobs_seconds": round(idle_s, 1),
         "critical_receives_while_quiet": quiet_receives,
         "quiet_seconds": round(quiet_s, 1),

@@ -152,9 +152,8 @@ class Worker:
         receive unanswered after ``HEDGE_AFTER_S`` gives its slots back so another loop can use them: on a single
         queue only while it is busy (the last receive brought messages: an endpoint erring, retrying or stalled);
         in a set once it looks like a long poll on an empty queue (``Receivers.lend_after_s``: the other queues
-        use the slots). What it brings back later
-        takes the slots still free, the rest waits for one (``_place_later``). A failed receive pauses its loop by
-        the RECEIVE budget of ``worker.budgets``."""
+        use the slots). What it brings back later takes the slots still free, the rest waits for one
+        (``_place_later``). A failed receive pauses its loop by the RECEIVE budget of ``worker.budgets``."""
         failures = 0  # failed receives in a row
         while not self._stopping:
             route, index, reservation = await self._receivers.reserve()
