@@ -109,7 +109,16 @@ async def measure(endpoint_url: str, args: argparse.Namespace) -> dict[str, Any]
         async def report(worker: Worker) -> None:  # progress on stderr, every 5 s
             while True:
                 await asyncio.sleep(5)
-                print(f"critical {len(latencies_s)} bulk {bulk_done} free {worker._slots.free}", file=sys.stderr)
+                receivers = worker._receivers
+                states = " ".join(
+                    f"[{q.receives} open, {q.listening} lent, {'busy' if q.busy else 'quiet'}, last {q.last_received}]"
+                    for q in receivers.policy.queues
+                )
+                print(
+                    f"critical {len(latencies_s)} bulk {bulk_done} free {worker._slots.free} {states} "
+                    f"answer {1000 * receivers.answer_times.typical_s:.0f} ms",
+                    file=sys.stderr,
+                )
 
         @contextlib.asynccontextmanager
         async def running() -> AsyncIterator[Worker]:
@@ -147,6 +156,10 @@ async def measure(endpoint_url: str, args: argparse.Namespace) -> dict[str, Any]
             await asyncio.sleep(args.poll_wait_s * 2)
             quiet_receives = routes[0].queue.receive_calls - quiet_before
             quiet_s = time.monotonic() - quiet_started
+
+        # The idle worker's long polls, abandoned at its stop, stay open at SQS until their wait ends: a message
+        # they took would be hidden for a visibility timeout (60 s) from the next worker.
+        await asyncio.sleep(args.poll_wait_s + 1.0)
 
         # Saturated: the bulk backlog queued first, then a worker drains it; critical jobs every 100 ms meanwhile.
         await asyncio.to_thread(

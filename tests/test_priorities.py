@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.flow.priorities import MAX_PER_RECEIVE, Grant, Mode, Priorities, QueueSpec, parse_queue_set
+from worker.flow.priorities import MAX_PER_RECEIVE, AnswerTimes, Grant, Mode, Priorities, QueueSpec, parse_queue_set
 
 
 def run_one_slot(policy: Priorities, backlog: list[int], steps: int) -> list[int]:
@@ -161,3 +161,28 @@ def test_a_busy_queue_gets_one_more_receive_past_a_stalled_one_then_counts_as_em
     policy.lent(0, 10)  # the second in a row: it is empty
     assert policy.next(10) == Grant(1, 10), "now the lower queue receives"
     assert policy.next(10) is None
+
+
+def test_a_trickling_queue_gets_one_receive_at_a_time_and_no_more_slots() -> None:
+    policy = Priorities([10, 1], mode=Mode.WEIGHTED)
+    assert policy.next(20) == Grant(0, 10)
+    assert policy.next(10) == Grant(1, 10)
+    policy.answered(0, asked=10, received=1, lent=False)  # a message now and then: no backlog
+    policy.answered(1, asked=10, received=10, lent=False)  # a backlog
+    grants = [policy.next(20) for _ in range(6)]
+    assert [grant.index for grant in grants if grant] == [0, 1, 1, 1, 1, 1]
+    assert grants[0] == Grant(0, 2), "one receive for the trickling queue, for twice what it last got"
+    policy.lent(0, 2)  # its receive waits: the queue is empty, not stalled
+    assert not policy.queues[0].busy
+
+
+def test_the_usual_answer_time_sees_through_answers_that_waited_for_an_arrival() -> None:
+    times = AnswerTimes(floor_s=0.05, initial_s=0.1)
+    assert times.empty_after_s() == pytest.approx(0.5)
+    for waited_s in (0.8, 0.01, 0.3, 0.012, 0.9, 0.011, 0.5, 0.013):  # long polls that waited, and prompt answers
+        times.observe(waited_s)
+    assert times.typical_s == pytest.approx(0.012)
+    assert times.empty_after_s() == pytest.approx(0.06)
+    for _ in range(3):
+        times.observe(0.001)
+    assert times.empty_after_s() == 0.05, "never below the floor"

@@ -8,11 +8,11 @@ receive did (``lent``: unanswered after a short while, so its queue looks empty 
 Rules:
 
 - A queue with a receive open on it that went unanswered (a long poll on an empty queue) gets no other receive:
-  that one long poll brings its messages the moment they arrive. So an idle queue costs one long poll. A busy
-  queue's first unanswered receive may be a slow endpoint rather than an empty queue: it gets one more receive,
-  and only a second unanswered one in a row makes it count as empty.
-- A queue whose last answer brought nothing gets one receive at a time; a busy one (its last answer brought
-  messages) gets as many as the free slots allow.
+  that one long poll brings its messages the moment they arrive. So an idle queue costs one long poll. A
+  backlogged queue's first unanswered receive may be a slow endpoint rather than an empty queue: it gets one more
+  receive, and only a second unanswered one in a row makes it count as empty.
+- A queue gets one receive at a time, unless its last answer was full (as many messages as asked: a backlog);
+  then as many as the free slots allow.
 - A receive asks for at most 10 messages and at most the free slots, and a queue asks for at most twice what its
   last answer brought (at least 1): an idle queue's long poll holds one slot, not ten.
 - ``weighted``: the queues share slots by weight (stride scheduling: each queue's slots divided by its weight is
@@ -24,12 +24,15 @@ Rules:
 
 When does an unanswered receive count as a long poll on an empty queue? SQS answers a receive at once when the
 queue holds messages, so a receive still open after several times the endpoint's usual answer time (``AnswerTimes``:
-at least 50 ms) is waiting on an empty queue (or on a stalled endpoint, which looks the same).
+at least 50 ms) is waiting on an empty queue (or on a stalled endpoint, which looks the same). The usual answer
+time is a low quantile of recent answers that brought messages: an answer that waited for a message to arrive
+takes longer than the endpoint does, and a quarter of prompt answers (from a backlog) are enough to see through it.
 """
 
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -83,17 +86,24 @@ def _name_of(queue: str) -> str:
 
 
 class AnswerTimes:
-    """How long receives that brought messages took (a moving average), and from when an unanswered receive
-    counts as a long poll on an empty queue: ``factor`` times that, at least ``floor_s``."""
+    """How long receives that brought messages took (the lower quartile of the last ``window``; ``initial_s``
+    before any), and from when an unanswered receive counts as a long poll on an empty queue: ``factor`` times
+    that, at least ``floor_s``."""
 
-    def __init__(self, *, floor_s: float, initial_s: float = 0.1, factor: float = 5.0, smoothing: float = 0.2) -> None:
+    def __init__(self, *, floor_s: float, initial_s: float = 0.1, factor: float = 5.0, window: int = 20) -> None:
         self.floor_s = floor_s
-        self.typical_s = initial_s
+        self.initial_s = initial_s
         self.factor = factor
-        self.smoothing = smoothing
+        self._recent: deque[float] = deque(maxlen=window)
 
     def observe(self, seconds: float) -> None:
-        self.typical_s += self.smoothing * (max(0.0, seconds) - self.typical_s)
+        self._recent.append(max(0.0, seconds))
+
+    @property
+    def typical_s(self) -> float:
+        if not self._recent:
+            return self.initial_s
+        return sorted(self._recent)[len(self._recent) // 4]
 
     def empty_after_s(self) -> float:
         return max(self.floor_s, self.factor * self.typical_s)
@@ -116,6 +126,7 @@ class QueueState:
     listening: int = 0  # of them, unanswered and lent: long polls waiting on a queue that looked empty
     busy: bool = True  # its last answer brought messages (True before the first: it may hold some)
     last_received: int | None = None  # messages of its last answer (None: none yet)
+    last_asked: int = 0  # what its last answer was asked for
     served: float = 0.0  # slots it used, divided by its weight (virtual time, weighted mode)
 
     def wants(self) -> int:
@@ -124,11 +135,17 @@ class QueueState:
             return MAX_PER_RECEIVE
         return min(MAX_PER_RECEIVE, max(1, 2 * self.last_received))
 
+    @property
+    def backlogged(self) -> bool:
+        """Its last answer brought as many messages as asked: more are likely waiting."""
+        return self.busy and self.last_received is not None and self.last_received >= self.last_asked > 0
+
     def eligible(self) -> bool:
-        if not self.busy:
-            return self.receives == 0  # one receive at a time: a long poll that brings messages as they arrive
-        # Busy: as many as the slots allow (after its first answer), also past one stalled receive.
-        return self.receives == 0 or (self.last_received is not None and self.listening <= 1)
+        if self.receives == 0:
+            return True
+        # A backlog: as many receives as the slots allow, also past one stalled receive. Otherwise one at a time
+        # (a long poll that brings the messages as they arrive).
+        return self.backlogged and self.listening <= 1
 
 
 class Priorities:
@@ -189,8 +206,8 @@ class Priorities:
         state.served -= count / state.weight
         if not self.single:
             state.listening += 1
-            if state.listening >= 2 or state.last_received is None:
-                state.busy = False  # a second one in a row (or before any answer): the queue is empty
+            if state.listening >= 2 or not state.backlogged:
+                state.busy = False  # no backlog behind it, or a second one in a row: the queue is empty
 
     def answered(self, index: int, *, asked: int, received: int, lent: bool) -> None:
         """A receive of ``asked`` slots brought ``received`` messages (``lent``: after it gave its slots back)."""
@@ -203,6 +220,7 @@ class Priorities:
             state.served -= (asked - min(received, asked)) / state.weight
         state.busy = received > 0
         state.last_received = received
+        state.last_asked = asked
 
     def failed(self, index: int, *, asked: int, lent: bool) -> None:
         """A receive failed (the endpoint erred): nothing was received; the queue's state stays as it was."""
