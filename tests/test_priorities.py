@@ -75,7 +75,7 @@ def test_strict_goes_back_up_as_soon_as_the_higher_queue_answers_with_messages()
     policy.answered(1, asked=1, received=1, lent=False)
     policy.answered(0, asked=1, received=1, lent=True)  # a critical job arrived on the open long poll
     assert policy.next(1) == Grant(0, 1), "bulk is busy too, but critical goes first"
-    assert policy.next(1) == Grant(0, 1), "and keeps every slot while it is busy"
+    assert policy.next(1) is None, "bulk waits while critical is busy (one receive there: one message is no backlog)"
 
 
 def test_an_idle_queue_costs_one_long_poll_holding_one_slot() -> None:
@@ -186,3 +186,12 @@ def test_the_usual_answer_time_sees_through_answers_that_waited_for_an_arrival()
     for _ in range(3):
         times.observe(0.001)
     assert times.empty_after_s() == 0.05, "never below the floor"
+
+
+def test_one_message_for_one_asked_is_no_backlog() -> None:
+    policy = Priorities([1, 1], mode=Mode.WEIGHTED)
+    assert policy.next(1) == Grant(0, 1)
+    policy.answered(0, asked=1, received=1, lent=False)
+    assert policy.next(20) == Grant(1, 10)
+    assert policy.next(20) == Grant(0, 2)
+    assert policy.next(20) is None, "queue 0 got one message for one asked: one receive at a time"

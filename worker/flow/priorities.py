@@ -11,8 +11,8 @@ Rules:
   that one long poll brings its messages the moment they arrive. So an idle queue costs one long poll. A
   backlogged queue's first unanswered receive may be a slow endpoint rather than an empty queue: it gets one more
   receive, and only a second unanswered one in a row makes it count as empty.
-- A queue gets one receive at a time, unless its last answer was full (as many messages as asked: a backlog);
-  then as many as the free slots allow.
+- A queue gets one receive at a time, unless its last answer was full (as many messages as asked, at least
+  two: a backlog); then as many as the free slots allow.
 - A receive asks for at most 10 messages and at most the free slots, and a queue asks for at most twice what its
   last answer brought (at least 1): an idle queue's long poll holds one slot, not ten.
 - ``weighted``: the queues share slots by weight (stride scheduling: each queue's slots divided by its weight is
@@ -137,8 +137,9 @@ class QueueState:
 
     @property
     def backlogged(self) -> bool:
-        """Its last answer brought as many messages as asked: more are likely waiting."""
-        return self.busy and self.last_received is not None and self.last_received >= self.last_asked > 0
+        """Its last answer brought as many messages as asked, and more than one: more are likely waiting (one
+        message for one asked is what a long poll brings when a job arrives)."""
+        return self.busy and self.last_received is not None and self.last_received >= self.last_asked >= 2
 
     def eligible(self) -> bool:
         if self.receives == 0:
