@@ -195,3 +195,15 @@ def test_one_message_for_one_asked_is_no_backlog() -> None:
     assert policy.next(20) == Grant(1, 10)
     assert policy.next(20) == Grant(0, 2)
     assert policy.next(20) is None, "queue 0 got one message for one asked: one receive at a time"
+
+
+def test_strict_lets_a_lower_queue_receive_once_the_higher_answer_was_partial() -> None:
+    policy = Priorities([1, 1], mode=Mode.STRICT)
+    assert policy.next(20) == Grant(0, 10)
+    policy.answered(0, asked=10, received=10, lent=False)  # full: critical may hold more
+    assert policy.next(20) == Grant(0, 10)
+    assert policy.next(20) == Grant(0, 10)
+    policy.answered(0, asked=10, received=3, lent=False)  # partial: SQS had no more
+    assert policy.next(20) == Grant(1, 10), "critical is drained: bulk receives"
+    policy.answered(0, asked=10, received=10, lent=False)  # critical full again
+    assert policy.next(20) == Grant(0, 10), "critical first"

@@ -19,7 +19,8 @@ Rules:
   its virtual time; the lowest goes next, ties to the earlier queue; a queue that was idle starts at the current
   virtual time, so it cannot claim a backlog of turns).
 - ``strict``: the first eligible queue in the set's order; a lower queue gets a receive only while every higher
-  one is quiet (its last answer was empty, or its long poll is open unanswered).
+  one is drained: its last answer brought fewer messages than asked (none, or a partial batch: SQS had no more),
+  or its long poll waits unanswered.
 - A set of one queue is today's single queue: every free slot goes to it, up to 10 per receive.
 
 When does an unanswered receive count as a long poll on an empty queue? SQS answers a receive at once when the
@@ -136,6 +137,12 @@ class QueueState:
         return min(MAX_PER_RECEIVE, max(1, 2 * self.last_received))
 
     @property
+    def drained(self) -> bool:
+        """Its last answer brought fewer messages than asked (none, or a partial batch), or its long poll waits
+        unanswered: as far as SQS said, it holds no more."""
+        return not self.busy or (self.last_received is not None and self.last_received < self.last_asked)
+
+    @property
     def backlogged(self) -> bool:
         """Its last answer brought as many messages as asked, and more than one: more are likely waiting (one
         message for one asked is what a long poll brings when a job arrives)."""
@@ -189,8 +196,7 @@ class Priorities:
             return None
         if self.mode is Mode.STRICT:
             first = eligible[0]
-            higher_busy = any(self.queues[index].busy for index in range(first))
-            return None if higher_busy else first
+            return first if all(self.queues[index].drained for index in range(first)) else None
         return min(eligible, key=lambda index: (max(self.queues[index].served, self._virtual_time), index))
 
     def hedges(self, index: int) -> bool:
