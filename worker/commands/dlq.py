@@ -124,11 +124,6 @@ def open_dlqs(args: argparse.Namespace, *, only_one: str | None = None) -> list[
     return dlqs
 
 
-def open_dlq() -> DeadLetterQueue:
-    """The DLQ of WORKER_QUEUE (or of the first queue of WORKER_QUEUES)."""
-    return open_dlqs(argparse.Namespace(queue=None))[0]
-
-
 def run_list(args: argparse.Namespace) -> int:
     documents = []
     for dlq in open_dlqs(args):
