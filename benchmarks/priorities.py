@@ -35,8 +35,10 @@ from aiobotocore.session import get_session
 from benchmarks.throughput import start_backend
 from tests.support.harness import sqs_client
 from worker.backends.sqs import Queue
+from worker.context import JobContext
 from worker.flow.priorities import Mode
 from worker.jobs import Registry
+from worker.observability.events import Event, Kind, Observers
 from worker.ops.bootstrap import ensure_queues
 from worker.producer import Job, enqueue_many
 from worker.runtime.queueset import Route
@@ -88,9 +90,24 @@ async def measure(endpoint_url: str, args: argparse.Namespace) -> dict[str, Any]
 
     registry = Registry()
 
+    accepted_at: dict[str, float] = {}  # critical message id -> when the worker took it (had a slot for it)
+    to_accept_s: list[float] = []  # send -> taken, of each critical job
+
+    class Accepted:
+        def emit(self, event: Event) -> None:
+            if event.kind is Kind.RECEIVED and event.queue.endswith("-critical"):
+                accepted_at[event.message_id] = time.time()
+
+        def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None:
+            return None
+
+        def connectivity(self, *, service: str, reachable: bool) -> None:
+            return None
+
     @registry.job("critical")
-    async def critical_job(payload: dict[str, float]) -> None:
+    async def critical_job(payload: dict[str, float], ctx: JobContext) -> None:
         latencies_s.append(time.time() - payload["sent_at"])
+        to_accept_s.append(accepted_at.pop(ctx.message_id, time.time()) - payload["sent_at"])
         progress.set()
 
     @registry.job("bulk")
@@ -126,6 +143,7 @@ async def measure(endpoint_url: str, args: argparse.Namespace) -> dict[str, Any]
                 registry=registry,
                 routes=routes,
                 mode=Mode(args.mode),
+                observers=Observers([Accepted()]),
                 options=RuntimeOptions(
                     concurrency=args.concurrency, visibility_timeout_s=60, poll_wait_s=args.poll_wait_s
                 ),
@@ -149,6 +167,7 @@ async def measure(endpoint_url: str, args: argparse.Namespace) -> dict[str, Any]
             sender.start()
             await until(lambda: len(latencies_s) >= args.idle_jobs)
             idle = list(latencies_s)
+            idle_accept = list(to_accept_s)
             idle_s = time.monotonic() - idle_started
             idle_receives = routes[0].queue.receive_calls - receives_before
             await asyncio.sleep(args.poll_wait_s + 1.0)
@@ -166,6 +185,7 @@ async def measure(endpoint_url: str, args: argparse.Namespace) -> dict[str, Any]
             enqueue_many, client, bulk.queue_url, [Job("bulk", {"n": n}) for n in range(args.bulk_jobs)]
         )
         latencies_s.clear()
+        to_accept_s.clear()
         async with running():
             drain_started = time.monotonic()
             sender = Sender(endpoint_url, critical.queue_url)
@@ -176,6 +196,7 @@ async def measure(endpoint_url: str, args: argparse.Namespace) -> dict[str, Any]
             await asyncio.to_thread(sender.join)
             await until(lambda: len(latencies_s) >= sender.sent)
             saturated = list(latencies_s)
+            saturated_accept = list(to_accept_s)
             await until(lambda: bulk_done >= args.bulk_jobs)
             drain_s = time.monotonic() - drain_started
 
@@ -196,6 +217,8 @@ async def measure(endpoint_url: str, args: argparse.Namespace) -> dict[str, Any]
         "saturated_p95_ms": ms(saturated_p95),
         "saturated_max_ms": ms(max(saturated)),
         "p95_ratio": round(saturated_p95 / idle_p95, 2),
+        "idle_to_taken_p95_ms": ms(percentile(idle_accept, 0.95)),
+        "saturated_to_taken_p95_ms": ms(percentile(saturated_accept, 0.95)),
         "within_2x": saturated_p95 <= 2 * idle_p95,
         "bulk_jobs_per_s": round(args.bulk_jobs / drain_s, 1),
         "critical_receives_while_idle_jobs": idle_receives,
@@ -213,7 +236,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=20)
     parser.add_argument("--bulk-jobs", type=int, default=5000)
     parser.add_argument("--bulk-job-ms", type=float, default=20.0, help="how long each bulk job sleeps")
-    parser.add_argument("--idle-jobs", type=int, default=50)
+    parser.add_argument("--idle-jobs", type=int, default=100)
     parser.add_argument("--poll-wait-s", type=int, default=5, help="WORKER_POLL_WAIT_S of the worker")
     args = parser.parse_args()
     defaults = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"}

@@ -22,6 +22,7 @@ from worker.jobs import Registry
 from worker.observability.events import Kind, Observers
 from worker.ops.bootstrap import Created, ensure_queues
 from worker.runtime.queueset import Route
+from worker.runtime.slots import Slots
 from worker.runtime.worker import RuntimeOptions, Worker
 
 
@@ -184,3 +185,18 @@ async def test_an_idle_set_keeps_one_long_poll_per_queue_and_every_slot_free() -
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
+
+
+async def test_a_waiting_message_of_a_higher_queue_gets_the_next_slot_first() -> None:
+    slots = Slots(1)
+    assert slots.take(1) == 1  # the slot runs a bulk job
+    bulk = asyncio.create_task(slots.acquire(timeout_s=5, rank=1))
+    await asyncio.sleep(0)
+    critical = asyncio.create_task(slots.acquire(timeout_s=5, rank=0))
+    await asyncio.sleep(0)
+    slots.release(1)
+    assert await asyncio.wait_for(critical, timeout=1) is True
+    assert not bulk.done(), "the bulk message waits for the slot after"
+    slots.release(1)
+    assert await asyncio.wait_for(bulk, timeout=1) is True
+    assert slots.free == 0

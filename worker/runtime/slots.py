@@ -34,6 +34,8 @@ class Slots:
         self._available = asyncio.Event()
         self._available.set()
         self._waiters: deque[asyncio.Future[bool]] = deque()
+        #: Each waiter's rank (its queue's place in a queue set): a lower rank is served first, FIFO within one.
+        self._ranks: dict[asyncio.Future[bool], int] = {}
         #: Reservations of receives in flight (not lent): what a message without a slot may borrow from.
         self._open: list[Reservation] = []
 
@@ -88,13 +90,16 @@ class Slots:
             borrowed += share
         return borrowed
 
-    async def acquire(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for one slot, ahead of ``reserve``. True when it was taken."""
-        if not self._waiters and self.take(1) == 1:
+    async def acquire(self, timeout_s: float, *, rank: int = 0) -> bool:
+        """Wait up to ``timeout_s`` for one slot, ahead of ``reserve`` and of the waiters of a higher ``rank``
+        (a lower-priority queue). True when it was taken."""
+        if all(self._ranks[other] > rank for other in self._waiters) and self.take(1) == 1:
             return True
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
-        self._waiters.append(waiter)
+        behind = sum(1 for other in self._waiters if self._ranks[other] <= rank)
+        self._waiters.insert(behind, waiter)
+        self._ranks[waiter] = rank
         timer = loop.call_later(timeout_s, self._expire, waiter)
         try:
             return await waiter
@@ -116,6 +121,7 @@ class Slots:
     def _drop(self, waiter: asyncio.Future[bool]) -> None:
         if waiter in self._waiters:
             self._waiters.remove(waiter)
+            del self._ranks[waiter]
         self._wake()
 
     def release(self, count: int = 1) -> None:
@@ -124,7 +130,9 @@ class Slots:
         self.free = min(self.total, self.free + count)
         while self.free > 0 and self._waiters:
             self.free -= 1
-            self._waiters.popleft().set_result(True)
+            waiter = self._waiters.popleft()
+            del self._ranks[waiter]
+            waiter.set_result(True)
         self._wake()
 
     def _wake(self) -> None:

@@ -210,7 +210,9 @@ class Worker:
         """A message a slow receive brought back after its slots went to another loop: it waits for a slot (ahead
         of new receives) for at most half its claim, and is released at once (visibility 0) if none comes first
         or the worker stops."""
-        slot = asyncio.ensure_future(self._slots.acquire(self.options.visibility_timeout_s * EXTEND_BELOW_SHARE))
+        slot = asyncio.ensure_future(
+            self._slots.acquire(self.options.visibility_timeout_s * EXTEND_BELOW_SHARE, rank=self.routes.index(route))
+        )
         stopping = asyncio.ensure_future(stop.wait())
         cancelled = False
         try:
