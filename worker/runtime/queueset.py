@@ -51,6 +51,12 @@ class Receivers:
             return None
         return self.hedge_after_s if self.policy.single else self.answer_times.empty_after_s()
 
+    def keeps_when_lent(self) -> int:
+        """Slots a receive of a set keeps when it lends the rest (a long poll on an idle queue): one, so that queue's
+        next job starts at once even while the other queues keep every other slot busy; none on a single queue,
+        or with fewer than two slots per queue (the others need them to make progress)."""
+        return 0 if self.policy.single or self.slots.total < 2 * len(self.routes) else 1
+
     def lent(self, index: int, count: int) -> None:
         self.policy.lent(index, count)
         self._changed.set()

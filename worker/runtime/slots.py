@@ -69,9 +69,17 @@ class Slots:
         self.release(spare)
         return placed
 
-    def lend(self, reservation: Reservation) -> None:
-        """A slow receive gives its slots back for other loops; what it brings later ``take``s slots."""
-        self.settle(reservation, 0)
+    def lend(self, reservation: Reservation, *, keep: int = 0) -> None:
+        """A slow receive gives its slots back for other loops, but ``keep`` (no other message may borrow those);
+        what it brings later beyond them ``take``s slots."""
+        if keep <= 0:
+            self.settle(reservation, 0)
+            return
+        if reservation in self._open:
+            self._open.remove(reservation)
+        kept = min(keep, reservation.count)
+        spare, reservation.count = reservation.count - kept, kept
+        self.release(spare)
 
     def take(self, most: int) -> int:
         """Take up to ``most`` slots without waiting (possibly none): free ones, then borrowed from receives in

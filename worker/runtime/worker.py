@@ -170,8 +170,9 @@ class Worker:
             try:
                 done, _ = await asyncio.wait({receive}, timeout=self._receivers.lend_after_s(index))
                 if not done:
-                    self._slots.lend(reservation)
-                    self._receivers.lent(index, asked)
+                    kept = min(asked, self._receivers.keeps_when_lent())
+                    self._slots.lend(reservation, keep=kept)
+                    self._receivers.lent(index, asked - kept)
                     lent = True
                 messages = await receive
             except Exception as exc:
