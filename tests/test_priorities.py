@@ -207,3 +207,16 @@ def test_strict_lets_a_lower_queue_receive_once_the_higher_answer_was_partial() 
     assert policy.next(20) == Grant(1, 10), "critical is drained: bulk receives"
     policy.answered(0, asked=10, received=10, lent=False)  # critical full again
     assert policy.next(20) == Grant(0, 10), "critical first"
+
+
+def test_one_slow_answer_after_a_full_one_does_not_let_a_lower_queue_in() -> None:
+    """A 1-slot worker: the endpoint is slow once while critical still has messages."""
+    policy = Priorities([1, 1], mode=Mode.STRICT)
+    assert policy.next(1) == Grant(0, 1)
+    policy.answered(0, asked=1, received=1, lent=False)  # full: one for one
+    assert policy.next(1) == Grant(0, 1)
+    policy.lent(0, 1)  # slow: a stall, not yet an empty queue
+    assert policy.queues[0].busy
+    assert policy.next(1) == Grant(0, 1), "one more receive on critical, not bulk"
+    policy.lent(0, 1)  # a second one in a row: critical is empty
+    assert policy.next(1) == Grant(1, 1)

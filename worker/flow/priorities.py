@@ -8,9 +8,9 @@ receive did (``lent``: unanswered after a short while, so its queue looks empty 
 Rules:
 
 - A queue with a receive open on it that went unanswered (a long poll on an empty queue) gets no other receive:
-  that one long poll brings its messages the moment they arrive. So an idle queue costs one long poll. A
-  backlogged queue's first unanswered receive may be a slow endpoint rather than an empty queue: it gets one more
-  receive, and only a second unanswered one in a row makes it count as empty.
+  that one long poll brings its messages the moment they arrive. So an idle queue costs one long poll. When a
+  queue's last answer was full, its first unanswered receive may be a slow endpoint rather than an empty queue:
+  it gets one more receive, and only a second unanswered one in a row makes it count as empty.
 - A queue gets one receive at a time, unless its last answer was full (as many messages as asked, at least
   two: a backlog); then as many as the free slots allow.
 - A receive asks for at most 10 messages and at most the free slots, and a queue asks for at most twice what its
@@ -143,6 +143,11 @@ class QueueState:
         return not self.busy or (self.last_received is not None and self.last_received < self.last_asked)
 
     @property
+    def full(self) -> bool:
+        """Its last answer brought as many messages as asked (at least one): it may hold more."""
+        return self.busy and self.last_received is not None and self.last_received >= self.last_asked >= 1
+
+    @property
     def backlogged(self) -> bool:
         """Its last answer brought as many messages as asked, and more than one: more are likely waiting (one
         message for one asked is what a long poll brings when a job arrives)."""
@@ -151,9 +156,11 @@ class QueueState:
     def eligible(self) -> bool:
         if self.receives == 0:
             return True
-        # A backlog: as many receives as the slots allow, also past one stalled receive. Otherwise one at a time
-        # (a long poll that brings the messages as they arrive).
-        return self.backlogged and self.listening <= 1
+        if self.backlogged:  # as many receives as the slots allow, also past one stalled receive
+            return self.listening <= 1
+        # Otherwise one at a time (a long poll brings the messages as they arrive), but one more past a stalled
+        # receive when the last answer was full: it may be a slow endpoint, not an empty queue.
+        return self.full and self.listening == 1 and self.receives == 1
 
 
 class Priorities:
@@ -213,8 +220,8 @@ class Priorities:
         state.served -= count / state.weight
         if not self.single:
             state.listening += 1
-            if state.listening >= 2 or not state.backlogged:
-                state.busy = False  # no backlog behind it, or a second one in a row: the queue is empty
+            if state.listening >= 2 or not state.full:
+                state.busy = False  # its last answer was partial or empty, or a second one in a row: it is empty
 
     def answered(self, index: int, *, asked: int, received: int, lent: bool) -> None:
         """A receive of ``asked`` slots brought ``received`` messages (``lent``: after it gave its slots back)."""
