@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, TypeVar, overload
 
-from pydantic import AliasChoices, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import AliasChoices, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.errors import ConfigError
+from worker.flow.priorities import Mode, QueueSpec, parse_queue_set
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,20 @@ class WorkerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="WORKER_", env_file=".env", extra="ignore")
 
-    queue: str = Field(description="Queue name or URL to consume.")
+    queue: str = Field(
+        description="Queue name or URL to consume; with WORKER_QUEUES, the first of the set (set one or the other)."
+    )
     backend: Literal["sqs", "cloudtasks"] = Field(
         default="sqs", description="sqs, or cloudtasks (Google Cloud Tasks; its settings are WORKER_CLOUDTASKS_*)."
+    )
+    queues: Annotated[tuple[QueueSpec, ...], NoDecode] = Field(
+        default=(),
+        description="Several queues, highest priority first, each with its own DLQ: 'critical:10,default:3,bulk:1'.",
+    )
+    queues_mode: Mode = Field(
+        default=Mode.WEIGHTED,
+        description="How WORKER_QUEUES share slots: 'weighted' (by weight) or 'strict' (a lower queue only when "
+        "every higher one is empty).",
     )
     dead_letter_queue: str | None = Field(
         default=None, description="DLQ name or URL; default: the queue's redrive target, else '<queue>-dlq'."
@@ -105,6 +117,38 @@ class WorkerSettings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_queue_setting(cls, data: Any) -> Any:
+        """WORKER_QUEUE or WORKER_QUEUES, not both; with WORKER_QUEUES, ``queue`` is its first queue."""
+        if not isinstance(data, dict):
+            return data
+        given = data.get("queues")
+        if isinstance(given, str):
+            if not given.strip():
+                data = {key: value for key, value in data.items() if key != "queues"}
+                given = None
+            else:
+                try:
+                    given = parse_queue_set(given)
+                except ValueError as exc:
+                    raise ValueError(f"WORKER_QUEUES {exc}") from None
+                data = {**data, "queues": given}
+        if not given:
+            return data
+        if data.get("queue"):
+            raise ValueError("set WORKER_QUEUE (one queue) or WORKER_QUEUES (several), not both")
+        if data.get("dead_letter_queue"):
+            raise ValueError(
+                "WORKER_DEAD_LETTER_QUEUE does not go with WORKER_QUEUES: each queue of the set has its own DLQ "
+                "(its redrive target, else <queue>-dlq)"
+            )
+        return {**data, "queue": given[0].queue}
+
+    def queue_set(self) -> tuple[QueueSpec, ...]:
+        """The queues to consume, highest priority first: WORKER_QUEUES, else WORKER_QUEUE alone (weight 1)."""
+        return self.queues or (QueueSpec(self.queue),)
 
     @field_validator("queue")
     @classmethod
@@ -174,9 +218,13 @@ def describe_validation_error(exc: ValidationError) -> str:
     """One line naming each bad setting by its environment variable."""
     parts = []
     for error in exc.errors():
-        field = ".".join(str(loc) for loc in error["loc"]) or "settings"
+        field = ".".join(str(loc) for loc in error["loc"])
         variable = f"WORKER_{field.upper()}"
-        if error["type"] == "missing":
+        if not field:  # a check of several settings together: its message names them
+            parts.append(str(error["msg"]).removeprefix("Value error, "))
+        elif error["type"] == "missing" and field == "queue":
+            parts.append("WORKER_QUEUE is not set (or WORKER_QUEUES, for several queues)")
+        elif error["type"] == "missing":
             parts.append(f"{variable} is not set")
         else:
             parts.append(f"{variable}: {error['msg']}")

@@ -9,6 +9,7 @@ import sys
 from datetime import datetime
 from typing import Any
 
+from worker.commands.selection import add_queue_option, one_queue
 from worker.errors import ConfigError
 
 
@@ -28,8 +29,8 @@ def add_parser(subparsers: Any) -> None:
     bootstrap = subparsers.add_parser(
         "bootstrap",
         help="create the queue, its DLQ and redrive policy (and the idempotency table); safe to repeat",
-        description="Create WORKER_QUEUE and its dead-letter queue with a redrive policy at the configured "
-        "endpoint, and the WORKER_IDEMPOTENCY_TABLE when set. Safe to repeat.",
+        description="Create WORKER_QUEUE (or each queue of WORKER_QUEUES) and its dead-letter queue with a "
+        "redrive policy at the configured endpoint, and the WORKER_IDEMPOTENCY_TABLE when set. Safe to repeat.",
     )
     bootstrap.add_argument(
         "--max-receive-count",
@@ -60,6 +61,7 @@ def add_parser(subparsers: Any) -> None:
     )
     enqueue.add_argument("--idempotency-key", default=None, help="jobs with the same key take effect once")
     enqueue.add_argument("--group-id", default=None, help="FIFO queues: the MessageGroupId (default: the type)")
+    add_queue_option(enqueue, "WORKER_QUEUE; required with several WORKER_QUEUES")
     enqueue.set_defaults(func=cmd_enqueue)
 
     dev = subparsers.add_parser(
@@ -123,15 +125,17 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
             "would move retried messages to the DLQ before the worker dead-letters them (without their reason)",
             file=sys.stderr,
         )
-    created = ensure_queues(
-        sqs_client(region),
-        settings.queue,
-        dlq=settings.dead_letter_queue,
-        max_receive_count=max_receive_count,
-        visibility_timeout_s=settings.visibility_timeout_s,
-    )
-    print(f"queue:            {created.queue_url}")
-    print(f"dead-letter queue: {created.dlq_url} (maxReceiveCount {created.max_receive_count})")
+    client = sqs_client(region)
+    for spec in settings.queue_set():  # a set: each queue with its own DLQ, highest priority first
+        created = ensure_queues(
+            client,
+            spec.queue,
+            dlq=settings.dead_letter_queue,
+            max_receive_count=max_receive_count,
+            visibility_timeout_s=settings.visibility_timeout_s,
+        )
+        print(f"queue:            {created.queue_url}")
+        print(f"dead-letter queue: {created.dlq_url} (maxReceiveCount {created.max_receive_count})")
     if settings.idempotency_table:
         created_table = asyncio.run(ensure_table(region, settings.idempotency_table))
         print(f"idempotency table: {settings.idempotency_table} ({'created' if created_table else 'exists'})")
@@ -201,7 +205,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
         return cmd_enqueue_task(args, payload)
     client = sqs_client(aws_region())
-    queue_url = resolve_queue_url_sync(client, settings.queue)
+    queue_url = resolve_queue_url_sync(client, one_queue(settings, args.queue, "enqueue"))
     message_id = enqueue(
         client,
         queue_url,

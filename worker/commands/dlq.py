@@ -1,6 +1,8 @@
 """``sqs-worker dlq list|show|redrive|requeue|purge``: see what failed and why, replay it, or drop it.
 
-The DLQ is WORKER_DEAD_LETTER_QUEUE, else the redrive target of WORKER_QUEUE, else ``<queue>-dlq``.
+The DLQ is WORKER_DEAD_LETTER_QUEUE, else the redrive target of WORKER_QUEUE, else ``<queue>-dlq``. With
+WORKER_QUEUES each queue has its own DLQ: list, show, redrive and requeue work on every one (each back to its own
+queue), or on the one of ``--queue NAME``; purge needs ``--queue`` when the set has several queues.
 Reading the DLQ (list, show, requeue) receives messages and releases them again: each read adds one to
 their ApproximateReceiveCount. A message leaves the DLQ only after its copy was sent; never the other way.
 """
@@ -15,6 +17,7 @@ from typing import Any
 
 from worker.backends.aws import resolve_queue_url_sync, sync_client
 from worker.commands import plain_help
+from worker.commands.selection import add_queue_option, one_queue, selected_queues
 from worker.errors import ConfigError
 from worker.names import queue_name_of
 from worker.observability.logs import configure_logging
@@ -70,11 +73,13 @@ def add_parser(subparsers: Any) -> None:
     listing = actions.add_parser("list", help="dead letters grouped by category and error, with counts")
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.add_argument("--limit", type=_positive, default=DEFAULT_READ_LIMIT, help="read at most N (default 1000)")
+    add_queue_option(listing, "the DLQ of every queue")
     listing.set_defaults(func=_backend_switch(run_list))
 
     show = actions.add_parser("show", help="one dead letter: body and attributes")
     show.add_argument("id", help="the original message id or the DLQ message id")
     show.add_argument("--limit", type=_positive, default=DEFAULT_READ_LIMIT, help="search at most N (default 1000)")
+    add_queue_option(show, "search the DLQ of every queue")
     show.set_defaults(func=_backend_switch(run_show))
 
     redrive = actions.add_parser(
@@ -86,6 +91,7 @@ def add_parser(subparsers: Any) -> None:
     redrive.add_argument(
         "--no-move-task", action="store_true", help="do not use StartMessageMoveTask; receive, send and delete"
     )
+    add_queue_option(redrive, "each queue's DLQ back to that queue")
     redrive.set_defaults(func=_backend_switch(run_redrive))
 
     requeue_parser = actions.add_parser("requeue", help="send chosen dead letters back as fresh messages, audited")
@@ -94,10 +100,12 @@ def add_parser(subparsers: Any) -> None:
     requeue_parser.add_argument("--reason", required=True, help="why (kept on the message as requeue_reason)")
     requeue_parser.add_argument("--by", help="who (default: $USER)")
     requeue_parser.add_argument("--limit", type=_positive, default=DEFAULT_READ_LIMIT, help="read at most N")
+    add_queue_option(requeue_parser, "the DLQ of every queue, each back to its own queue")
     requeue_parser.set_defaults(func=_backend_switch(run_requeue))
 
     purge = actions.add_parser("purge", help="delete every message in the dead-letter queue")
     purge.add_argument("--yes", action="store_true", help="required: purging cannot be undone")
+    add_queue_option(purge, "the only queue; required with several WORKER_QUEUES")
     purge.set_defaults(func=_backend_switch(run_purge))
 
 
@@ -120,37 +128,50 @@ def _backend_switch(action: Any) -> Any:
     return run
 
 
-def open_dlq() -> DeadLetterQueue:
+def open_dlqs(args: argparse.Namespace, *, only_one: str | None = None) -> list[DeadLetterQueue]:
+    """The DLQ of each selected queue (``--queue``, else all), highest priority first; ``only_one``: the command
+    acts on one queue only (the one ``--queue`` names, or the only one configured)."""
     settings = load_settings()
     configure_logging(settings)
     sqs = sync_client("sqs")
-    source_url = resolve_queue_url_sync(sqs, settings.queue)
-    dlq_url = resolve_dlq_url(sqs, source_url, settings.dead_letter_queue)
-    return DeadLetterQueue(sqs, dlq_url=dlq_url, source_url=source_url)
+    name = getattr(args, "queue", None)
+    queues = [one_queue(settings, name, only_one)] if only_one else selected_queues(settings, name)
+    dlqs = []
+    for queue in queues:
+        source_url = resolve_queue_url_sync(sqs, queue)
+        dlq_url = resolve_dlq_url(sqs, source_url, settings.dead_letter_queue)
+        dlqs.append(DeadLetterQueue(sqs, dlq_url=dlq_url, source_url=source_url))
+    return dlqs
 
 
 def run_list(args: argparse.Namespace) -> int:
-    dlq = open_dlq()
-    total = dlq.approximate_count()
-    letters = dlq.read(limit=args.limit)
-    groups = group_dead_letters(letters)
-    if args.json:
-        document = {
-            "dead_letter_queue": queue_name_of(dlq.dlq_url),
-            "approximate_total": total,
-            "read": len(letters),
-            "groups": [group.as_dict() for group in groups],
-        }
-        print(json.dumps(document, indent=2))
-    else:
-        print(f"dead-letter queue: {queue_name_of(dlq.dlq_url)}")
-        print(format_groups(groups, read=len(letters), approximate_total=total))
+    documents = []
+    for dlq in open_dlqs(args):
+        total = dlq.approximate_count()
+        letters = dlq.read(limit=args.limit)
+        groups = group_dead_letters(letters)
+        documents.append(
+            {
+                "dead_letter_queue": queue_name_of(dlq.dlq_url),
+                "approximate_total": total,
+                "read": len(letters),
+                "groups": [group.as_dict() for group in groups],
+            }
+        )
+        if not args.json:
+            print(f"dead-letter queue: {queue_name_of(dlq.dlq_url)}")
+            print(format_groups(groups, read=len(letters), approximate_total=total))
+    if args.json:  # one queue: its document; several: a list of them
+        print(json.dumps(documents[0] if len(documents) == 1 else documents, indent=2))
     return 0
 
 
 def run_show(args: argparse.Namespace) -> int:
-    dlq = open_dlq()
-    letter = dlq.find(args.id, limit=args.limit)
+    letter = None
+    for dlq in open_dlqs(args):
+        letter = dlq.find(args.id, limit=args.limit)
+        if letter is not None:
+            break
     if letter is None:
         print(f"no dead letter with id {printable(args.id)} among the first {args.limit} read", file=sys.stderr)
         return 1
@@ -179,7 +200,10 @@ def _report(result: MoveResult, what: str) -> int:
 
 
 def run_redrive(args: argparse.Namespace) -> int:
-    dlq = open_dlq()
+    return max(_redrive(dlq, args) for dlq in open_dlqs(args))
+
+
+def _redrive(dlq: DeadLetterQueue, args: argparse.Namespace) -> int:
     snapshot = dlq.snapshot()
     target = queue_name_of(dlq.source_url)
     question = f"move the {snapshot.count} message(s) now in {queue_name_of(dlq.dlq_url)} to {target}?"
@@ -227,30 +251,37 @@ def run_requeue(args: argparse.Namespace) -> int:
     if not args.reason.strip():
         print("--reason must say why", file=sys.stderr)
         return 2
-    dlq = open_dlq()
     wanted = set(args.ids)
-    with dlq.held(limit=args.limit) as letters:
-        if args.category:
-            chosen = [letter for letter in letters if letter.category == args.category]
-        else:
-            chosen = [letter for letter in letters if wanted & {letter.message_id, letter.original_message_id}]
-        missing = sorted(i for i in wanted if not any(letter.matches(i) for letter in chosen))
-        result = requeue(dlq, chosen, by=_who(args.by), reason=args.reason.strip(), at=now_utc())
-    for old_id, new_id in result.new_message_ids:
-        print(f"requeued {old_id} as {new_id}")
+    found: set[str] = set()
+    codes, chosen_any = [0], False
+    dlqs = open_dlqs(args)
+    for dlq in dlqs:  # each DLQ's letters go back to its own queue
+        with dlq.held(limit=args.limit) as letters:
+            if args.category:
+                chosen = [letter for letter in letters if letter.category == args.category]
+            else:
+                chosen = [letter for letter in letters if wanted & {letter.message_id, letter.original_message_id}]
+            found.update(i for i in wanted if any(letter.matches(i) for letter in chosen))
+            if not chosen and len(dlqs) > 1:
+                continue  # several DLQs: report only those it requeued from
+            chosen_any = chosen_any or bool(chosen)
+            result = requeue(dlq, chosen, by=_who(args.by), reason=args.reason.strip(), at=now_utc())
+        for old_id, new_id in result.new_message_ids:
+            print(f"requeued {old_id} as {new_id}")
+        codes.append(_report(result, f"requeue to {queue_name_of(dlq.source_url)}"))
+    missing = sorted(wanted - found)
     for ident in missing:  # not a message left behind: there is none with that id (among those read)
         print(f"no dead letter with id {printable(ident)} among the first {args.limit} read", file=sys.stderr)
-    if not chosen and args.category:
+    if not chosen_any and args.category:
         print(f"no dead letters of category '{printable(args.category)}'", file=sys.stderr)
-    code = _report(result, f"requeue to {queue_name_of(dlq.source_url)}")
-    return 1 if missing else code
+    return 1 if missing else max(codes)
 
 
 def run_purge(args: argparse.Namespace) -> int:
     if not args.yes:
         print("refusing to purge without --yes: purging deletes every dead letter for good", file=sys.stderr)
         return 2
-    dlq = open_dlq()
+    (dlq,) = open_dlqs(args, only_one="purge")
     total = dlq.approximate_count()
     dlq.purge()
     print(f"purged {queue_name_of(dlq.dlq_url)} (about {total} message(s))")

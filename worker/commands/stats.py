@@ -1,4 +1,5 @@
-"""``sqs-worker stats [--watch] [--interval-s N] [--json]``: depth of the queue and of its dead-letter queue.
+"""``sqs-worker stats [--watch] [--interval-s N] [--json] [--queue NAME]``: depth of the queue and of its
+dead-letter queue (with WORKER_QUEUES: of each queue of the set and its own DLQ, or of the one --queue names).
 
 Visible, in flight and delayed come from SQS (approximate, as SQS reports them). The oldest message's age
 comes from CloudWatch (``AWS/SQS ApproximateAgeOfOldestMessage``) and shows ``n/a`` where CloudWatch has no
@@ -15,6 +16,7 @@ from typing import Any
 
 from worker.backends.aws import resolve_queue_url_sync, sync_client
 from worker.commands import plain_help
+from worker.commands.selection import add_queue_option, selected_queues
 from worker.errors import ConfigError
 from worker.ops.dlq import resolve_dlq_url
 from worker.ops.stats import MetricStatistics, format_stats, queue_stats, stats_json
@@ -31,6 +33,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--watch", action="store_true", help="repeat until interrupted")
     parser.add_argument("--interval-s", type=float, default=5.0, help="seconds between refreshes (default 5)")
     parser.add_argument("--json", action="store_true", help="one JSON object per refresh")
+    add_queue_option(parser, "every queue of the set")
     parser.add_argument("--count", type=int, default=None, help=argparse.SUPPRESS)  # refreshes, for tests
     parser.set_defaults(func=run)
 
@@ -46,8 +49,10 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings()
     sqs = sync_client("sqs")
     cloudwatch = _cloudwatch()
-    queue_url = resolve_queue_url_sync(sqs, settings.queue)
-    dlq_url = resolve_dlq_url(sqs, queue_url, settings.dead_letter_queue)
+    pairs = []
+    for queue in selected_queues(settings, args.queue):
+        queue_url = resolve_queue_url_sync(sqs, queue)
+        pairs.append((queue_url, resolve_dlq_url(sqs, queue_url, settings.dead_letter_queue)))
     refreshes = args.count if args.count is not None else (None if args.watch else 1)
     done = 0
     while refreshes is None or done < refreshes:
@@ -55,8 +60,9 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(args.interval_s)
         now = datetime.now(UTC)
         rows = [
-            queue_stats(sqs, queue_url, role="queue", cloudwatch=cloudwatch, now=now),
-            queue_stats(sqs, dlq_url, role="dlq", cloudwatch=cloudwatch, now=now),
+            queue_stats(sqs, url, role=role, cloudwatch=cloudwatch, now=now)
+            for queue_url, dlq_url in pairs
+            for url, role in ((queue_url, "queue"), (dlq_url, "dlq"))
         ]
         if args.json:
             print(stats_json(rows, at=now))

@@ -45,7 +45,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    table = args.table or load_settings(queue=_NO_QUEUE).idempotency_table
+    table = args.table or load_settings(queue=_NO_QUEUE, queues="").idempotency_table
     if not table:
         raise ConfigError("no idempotency table: set WORKER_IDEMPOTENCY_TABLE or pass --table")
     found = asyncio.run(fetch_any(table, storage_key(args.key)))

@@ -1,4 +1,5 @@
-"""Flow control: when a received job may run. Long delays and holds (``delays``, ``attempts``: how a job's
+"""Flow control: which queue a worker receives from next (``priorities``) and when a received job may run.
+Long delays and holds (``delays``, ``attempts``: how a job's
 attempts are counted); rate limits (``gcra``) and circuit breakers (``breaker``) shared by a fleet, pure; their items
 in DynamoDB or this process (``store``); the gate a job passes before its handler runs (``gate``).
 

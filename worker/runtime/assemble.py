@@ -18,6 +18,7 @@ from worker.errors import ConfigError, QueueUnavailable
 from worker.jobs import Registry
 from worker.names import default_dlq_name, queue_name_of
 from worker.observability.events import Observers
+from worker.runtime.queueset import Route
 from worker.runtime.worker import RuntimeOptions, Worker
 from worker.settings import WorkerSettings
 
@@ -36,7 +37,15 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-__all__ = ["check_table", "client_config", "open_worker", "resolve_dlq_url", "wait_for_endpoint", "worker_id"]
+__all__ = [
+    "check_table",
+    "client_config",
+    "open_worker",
+    "resolve_dlq_url",
+    "resolve_queue_set",
+    "wait_for_endpoint",
+    "worker_id",
+]
 
 
 async def resolve_dlq_url(client: SQSClient, settings: WorkerSettings, queue_url: str) -> str:
@@ -57,9 +66,28 @@ async def resolve_dlq_url(client: SQSClient, settings: WorkerSettings, queue_url
         ) from exc
 
 
+async def resolve_queue_set(client: SQSClient, settings: WorkerSettings) -> list[tuple[str, str, int]]:
+    """The URL, DLQ URL and weight of each queue to consume (WORKER_QUEUES, else WORKER_QUEUE), highest priority
+    first. Each queue of a set dead-letters into its own DLQ: its redrive target, else ``<queue>-dlq``."""
+    resolved = []
+    for spec in settings.queue_set():
+        queue_url = await resolve_queue_url(client, spec.queue)
+        resolved.append((queue_url, await resolve_dlq_url(client, settings, queue_url), spec.weight))
+    return resolved
+
+
 async def wait_for_endpoint(client: SQSClient, settings: WorkerSettings, stop: asyncio.Event) -> tuple[str, str]:
     """Resolve the queue and DLQ URLs, waiting out an unreachable endpoint for WORKER_START_TIMEOUT_S (the start
-    budget of ``worker.budgets``); then, or when ``stop`` is set, the last QueueUnavailable is raised."""
+    budget of ``worker.budgets``); then, or when ``stop`` is set, the last QueueUnavailable is raised. (The first
+    queue of a set; ``wait_for_queue_set`` resolves them all.)"""
+    queue_url, dlq_url, _ = (await wait_for_queue_set(client, settings, stop))[0]
+    return queue_url, dlq_url
+
+
+async def wait_for_queue_set(
+    client: SQSClient, settings: WorkerSettings, stop: asyncio.Event
+) -> list[tuple[str, str, int]]:
+    """``resolve_queue_set``, waiting out an unreachable endpoint as ``wait_for_endpoint`` says."""
     import logging
     import random
 
@@ -70,8 +98,7 @@ async def wait_for_endpoint(client: SQSClient, settings: WorkerSettings, stop: a
     failures = 0
     while True:
         try:
-            queue_url = await resolve_queue_url(client, settings.queue)
-            return queue_url, await resolve_dlq_url(client, settings, queue_url)
+            return await resolve_queue_set(client, settings)
         except QueueUnavailable as exc:
             failures += 1
             delay_s = retry_delay_s(
@@ -153,10 +180,10 @@ async def open_worker(
     config = client_config(settings)
     async with contextlib.AsyncExitStack() as stack:
         sqs: SQSClient = await stack.enter_async_context(async_client("sqs", config=config, connection=connection))
-        queue_url, dlq_url = await wait_for_endpoint(sqs, settings, stop)
+        queue_set = await wait_for_queue_set(sqs, settings, stop)
         ledger: Any = None
         workflows: Any = None
-        queue, dlq = Queue(sqs, queue_url), Queue(sqs, dlq_url)
+        routes = [Route(Queue(sqs, url), Queue(sqs, dlq_url), weight) for url, dlq_url, weight in queue_set]
         gate = None
         if settings.idempotency_table:
             from worker.idempotency import Ledger
@@ -167,14 +194,16 @@ async def open_worker(
             stack.push_async_callback(ledger.aclose)
             from worker.workflows import WorkflowHooks, WorkflowStore
 
-            workflows = WorkflowHooks(WorkflowStore(dynamodb, settings.idempotency_table), queue=queue, dlq=dlq)
+            # a workflow's next steps go to the first queue of a set (and its DLQ)
+            store = WorkflowStore(dynamodb, settings.idempotency_table)
+            workflows = WorkflowHooks(store, queue=routes[0].queue, dlq=routes[0].dlq)
             gate = shared_gate(dynamodb, settings.idempotency_table, owner=ledger.owner)
         else:
             gate = local_gate(registry)
         yield Worker(
             registry=registry,
-            queue=queue,
-            dlq=dlq,
+            routes=routes,
+            mode=settings.queues_mode,
             options=RuntimeOptions(
                 concurrency=settings.concurrency,
                 visibility_timeout_s=settings.visibility_timeout_s,

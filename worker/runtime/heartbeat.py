@@ -92,7 +92,7 @@ class Heartbeat:
         if timeout_s <= 0:
             return
         try:
-            await self.queue.set_visibility(held.message.receipt_handle, timeout_s)
+            await held.queue_or(self.queue).set_visibility(held.message.receipt_handle, timeout_s)
         except EntryFailed as exc:
             held.lost = True
             self._emit(Kind.CLAIM_LOST, held, reason=str(exc))

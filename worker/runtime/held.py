@@ -8,12 +8,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from worker.backends.protocols import Message
+from worker.backends.protocols import Message, MessageQueue
 from worker.observability.events import Event, Kind, Observers
 
 if TYPE_CHECKING:
     from worker.flow.gate import Ticket
     from worker.idempotency import Claim
+    from worker.runtime.queueset import Route
 
 log = logging.getLogger("worker")
 
@@ -39,6 +40,12 @@ class Held:
     handler: asyncio.Future[Any] | None = field(default=None, repr=False)
     #: The last event about this message (the attempt's outcome once applied; read by the tracing span).
     last_event: Event | None = field(default=None, repr=False)
+    #: The queue it came from and that queue's DLQ (None: the worker's only queue, as its Outcomes know it).
+    route: Route | None = field(default=None, repr=False)
+
+    def queue_or(self, default: MessageQueue) -> MessageQueue:
+        """The queue this message came from (its route's), else ``default``."""
+        return self.route.queue if self.route is not None else default
 
     def stop_handler(self) -> None:
         """Cancel the running handler: its idempotency lease went to another worker, which runs the job now."""
@@ -47,10 +54,11 @@ class Held:
             self.handler.cancel()
 
     def event(self, kind: Kind, queue: str, **fields: Any) -> Event:
-        """An event about this message (remembered as ``last_event``); never carries its payload."""
+        """An event about this message (``queue``: the name reported unless its route names its own queue;
+        remembered as ``last_event``); never carries its payload."""
         self.last_event = Event(
             kind=kind,
-            queue=queue,
+            queue=self.route.queue.name if self.route is not None else queue,
             message_id=self.message.message_id,
             job_type=self.job_type,
             attempt=self.attempt,
@@ -59,7 +67,8 @@ class Held:
         return self.last_event
 
     def log_fields(self, queue: str) -> dict[str, Any]:
-        return {"message_id": self.message.message_id, "job_type": self.job_type, "queue": queue}
+        name = self.route.queue.name if self.route is not None else queue
+        return {"message_id": self.message.message_id, "job_type": self.job_type, "queue": name}
 
 
 class Connectivity:

@@ -73,7 +73,7 @@ class Outcomes:
         #: Holds applied in place (FIFO, or no copy could be sent): subtracted from the receive count.
         self.holds = HoldMemory()
         self._decided: OrderedDict[str, Decided] = OrderedDict()
-        self._dlq_limit: int | None = None
+        self._dlq_limits: dict[str, int | None] = {}
 
     def emit(self, kind: Kind, held: Held, **fields: Any) -> None:
         self.observers.emit(held.event(kind, self.queue.name, **fields))
@@ -87,7 +87,7 @@ class Outcomes:
     async def ack(self, held: Held) -> None:
         await self.settle(held)
         try:
-            await self.queue.delete(held.message.receipt_handle)
+            await held.queue_or(self.queue).delete(held.message.receipt_handle)
         except (EntryFailed, QueueUnavailable) as exc:
             log.warning(
                 "delete failed; the message will be delivered again: %s", exc, extra=held.log_fields(self.queue.name)
@@ -97,7 +97,7 @@ class Outcomes:
         await self.settle(held)
         delay_s = min(delay_s, visibility_cap_s(elapsed_since_receive_s=time.monotonic() - held.received_at))
         try:
-            await self.queue.set_visibility(held.message.receipt_handle, delay_s)
+            await held.queue_or(self.queue).set_visibility(held.message.receipt_handle, delay_s)
         except (EntryFailed, QueueUnavailable) as exc:
             log.warning("could not set the retry delay: %s", exc, extra=held.log_fields(self.queue.name))
         self.emit(Kind.RETRY_SCHEDULED, held, delay_s=float(delay_s), error=error, duration_s=duration_s)
@@ -105,7 +105,7 @@ class Outcomes:
     async def release(self, held: Held, *, delay_s: int, reason: str) -> None:
         await self.settle(held)
         try:
-            await self.queue.set_visibility(held.message.receipt_handle, delay_s)
+            await held.queue_or(self.queue).set_visibility(held.message.receipt_handle, delay_s)
         except (EntryFailed, QueueUnavailable) as exc:
             log.warning("could not release the message: %s", exc, extra=held.log_fields(self.queue.name))
         self.emit(Kind.RELEASED, held, delay_s=float(delay_s), reason=reason)
@@ -120,9 +120,10 @@ class Outcomes:
         remembered by this process.
         """
         await self.settle(held)
-        if not self.queue.is_fifo and await self._send_copy(held, delay_s):
+        queue = held.queue_or(self.queue)
+        if not queue.is_fifo and await self._send_copy(held, delay_s):
             try:
-                await self.queue.delete(held.message.receipt_handle)
+                await queue.delete(held.message.receipt_handle)
             except (EntryFailed, QueueUnavailable) as exc:
                 log.warning(
                     "held back, but the delete failed; the job may run twice: %s",
@@ -134,7 +135,7 @@ class Outcomes:
         self.holds.note(held.message.message_id)
         cap_s = visibility_cap_s(elapsed_since_receive_s=time.monotonic() - held.received_at)
         try:
-            await self.queue.set_visibility(held.message.receipt_handle, min(delay_s, cap_s))
+            await queue.set_visibility(held.message.receipt_handle, min(delay_s, cap_s))
         except (EntryFailed, QueueUnavailable) as exc:
             log.warning("could not release the message: %s", exc, extra=held.log_fields(self.queue.name))
         self.emit(Kind.RELEASED, held, delay_s=float(delay_s), reason=reason)
@@ -158,7 +159,9 @@ class Outcomes:
         if len(attributes) > MAX_MESSAGE_ATTRIBUTES:
             return False
         try:
-            await self.queue.send(message.body, attributes=attributes, delay_s=min(delay_s, self.max_hop_s))
+            await held.queue_or(self.queue).send(
+                message.body, attributes=attributes, delay_s=min(delay_s, self.max_hop_s)
+            )
         except Exception as exc:  # anything: the in-place release below still puts the job back
             log.warning(
                 "could not send the held message's copy; releasing it in place: %s",
@@ -192,7 +195,7 @@ class Outcomes:
         tries, first_try = 0, time.monotonic()
         while True:
             try:
-                await self.dlq.send(
+                await self._dlq(held).send(
                     message.body,
                     attributes=attributes,
                     group_id=message.group_id,
@@ -232,7 +235,7 @@ class Outcomes:
         self.emit(Kind.DEAD_LETTERED, held, category=category, error=error, duration_s=duration_s)
 
     async def _attributes(self, held: Held, category: str, error: str) -> dict[str, dict[str, Any]]:
-        return self._fitted(held, category, error, await self.dlq_max_message_bytes())
+        return self._fitted(held, category, error, await self.dlq_max_message_bytes(self._dlq(held)))
 
     def _smaller(
         self, held: Held, category: str, error: str, attributes: dict[str, dict[str, Any]]
@@ -253,7 +256,7 @@ class Outcomes:
             error_message=error,
             attempts=held.attempt,
             receive_count=held.receive_count,
-            source_queue=self.queue.name,
+            source_queue=held.queue_or(self.queue).name,
             original_message_id=message.message_id,
             failed_at=datetime.now(UTC),
             original=without_counts(message.message_attributes),
@@ -270,11 +273,17 @@ class Outcomes:
             )
         return record.attributes
 
-    async def dlq_max_message_bytes(self) -> int:
-        """The DLQ's MaximumMessageSize, read once (1 MiB, SQS's limit, while it cannot be read)."""
-        if self._dlq_limit is None:
-            self._dlq_limit = await self.dlq.maximum_message_bytes()
-        return self._dlq_limit or SQS_MAX_MESSAGE_BYTES
+    def _dlq(self, held: Held) -> MessageQueue:
+        """The DLQ of the queue ``held`` came from."""
+        return held.route.dlq if held.route is not None else self.dlq
+
+    async def dlq_max_message_bytes(self, dlq: MessageQueue | None = None) -> int:
+        """A DLQ's MaximumMessageSize (default: this worker's first DLQ), read once each (1 MiB, SQS's limit,
+        while it cannot be read)."""
+        dlq = dlq or self.dlq
+        if dlq.name not in self._dlq_limits:
+            self._dlq_limits[dlq.name] = await dlq.maximum_message_bytes()
+        return self._dlq_limits[dlq.name] or SQS_MAX_MESSAGE_BYTES
 
     async def _hold(self, held: Held, delay_s: float) -> bool:
         """Keep the message invisible past the next try. False when the 12-hour limit leaves no time."""
@@ -282,14 +291,14 @@ class Outcomes:
         if cap_s <= delay_s:
             return False
         with contextlib.suppress(EntryFailed, QueueUnavailable):
-            await self.queue.set_visibility(
+            await held.queue_or(self.queue).set_visibility(
                 held.message.receipt_handle, min(cap_s, math.ceil(delay_s) + DEAD_LETTER_HOLD_S)
             )
         return True
 
     async def _delete_dead_lettered(self, held: Held) -> None:
         try:
-            await self.queue.delete(held.message.receipt_handle)
+            await held.queue_or(self.queue).delete(held.message.receipt_handle)
         except (EntryFailed, QueueUnavailable) as exc:
             log.warning("dead-lettered, but the delete failed (a duplicate may follow): %s", exc)
 

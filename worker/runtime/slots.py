@@ -34,15 +34,25 @@ class Slots:
         self._available = asyncio.Event()
         self._available.set()
         self._waiters: deque[asyncio.Future[bool]] = deque()
+        #: Each waiter's rank (its queue's place in a queue set): a lower rank is served first, FIFO within one.
+        self._ranks: dict[asyncio.Future[bool], int] = {}
         #: Reservations of receives in flight (not lent): what a message without a slot may borrow from.
         self._open: list[Reservation] = []
 
     async def reserve(self, most: int) -> Reservation:
         """Wait until at least one slot is free and no message waits for one, then take up to ``most`` for a
         receive; ``settle`` it when the receive returns, or ``lend`` it when the receive is slow."""
+        await self.wait_free()
+        return self.reserve_now(most)
+
+    async def wait_free(self) -> None:
+        """Wait until at least one slot is free and no message waits for one (``reserve_now`` may then take)."""
         while self.free == 0 or self._waiters:
             self._available.clear()
             await self._available.wait()
+
+    def reserve_now(self, most: int) -> Reservation:
+        """Take up to ``most`` free slots (at least one must be free) for a receive, without waiting."""
         taken = min(most, self.free)
         self.free -= taken
         reservation = Reservation(taken)
@@ -59,9 +69,17 @@ class Slots:
         self.release(spare)
         return placed
 
-    def lend(self, reservation: Reservation) -> None:
-        """A slow receive gives its slots back for other loops; what it brings later ``take``s slots."""
-        self.settle(reservation, 0)
+    def lend(self, reservation: Reservation, *, keep: int = 0) -> None:
+        """A slow receive gives its slots back for other loops, but ``keep`` (no other message may borrow those);
+        what it brings later beyond them ``take``s slots."""
+        if keep <= 0:
+            self.settle(reservation, 0)
+            return
+        if reservation in self._open:
+            self._open.remove(reservation)
+        kept = min(keep, reservation.count)
+        spare, reservation.count = reservation.count - kept, kept
+        self.release(spare)
 
     def take(self, most: int) -> int:
         """Take up to ``most`` slots without waiting (possibly none): free ones, then borrowed from receives in
@@ -80,13 +98,16 @@ class Slots:
             borrowed += share
         return borrowed
 
-    async def acquire(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for one slot, ahead of ``reserve``. True when it was taken."""
-        if not self._waiters and self.take(1) == 1:
+    async def acquire(self, timeout_s: float, *, rank: int = 0) -> bool:
+        """Wait up to ``timeout_s`` for one slot, ahead of ``reserve`` and of the waiters of a higher ``rank``
+        (a lower-priority queue). True when it was taken."""
+        if all(self._ranks[other] > rank for other in self._waiters) and self.take(1) == 1:
             return True
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
-        self._waiters.append(waiter)
+        behind = sum(1 for other in self._waiters if self._ranks[other] <= rank)
+        self._waiters.insert(behind, waiter)
+        self._ranks[waiter] = rank
         timer = loop.call_later(timeout_s, self._expire, waiter)
         try:
             return await waiter
@@ -108,6 +129,7 @@ class Slots:
     def _drop(self, waiter: asyncio.Future[bool]) -> None:
         if waiter in self._waiters:
             self._waiters.remove(waiter)
+            del self._ranks[waiter]
         self._wake()
 
     def release(self, count: int = 1) -> None:
@@ -116,7 +138,9 @@ class Slots:
         self.free = min(self.total, self.free + count)
         while self.free > 0 and self._waiters:
             self.free -= 1
-            self._waiters.popleft().set_result(True)
+            waiter = self._waiters.popleft()
+            del self._ranks[waiter]
+            waiter.set_result(True)
         self._wake()
 
     def _wake(self) -> None:

@@ -31,6 +31,7 @@ from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueU
 from worker.flow.attempts import counts_of
 from worker.flow.delays import DUE_AT_ATTRIBUTE, MAX_HOP_S, due_action, due_at_of
 from worker.flow.gate import Gate, Outcome, Step, change_event, flow_keys
+from worker.flow.priorities import Mode
 from worker.jobs import Registry
 from worker.lifecycle import Resources, open_lifespans
 from worker.middleware import call_through
@@ -48,6 +49,7 @@ from worker.runtime.execution import (
 from worker.runtime.heartbeat import EXTEND_BELOW_SHARE, Heartbeat
 from worker.runtime.held import Connectivity, Held
 from worker.runtime.outcomes import Outcomes
+from worker.runtime.queueset import Receivers, Route
 from worker.runtime.slots import Slots, receive_loops
 from worker.runtime.steps import WorkflowSteps
 from worker.runtime.threads import JobThreads
@@ -80,36 +82,47 @@ class RuntimeOptions:
 
 
 class Worker:
-    """Consumes one queue with the handlers of a registry. Clients come in through the MessageQueue objects."""
+    """Consumes one queue (``queue`` and its ``dlq``), or a set of them (``routes``, highest priority first, each
+    with its own DLQ, shared by ``mode``: see ``worker.flow.priorities``), with the handlers of a registry.
+    Clients come in through the MessageQueue objects."""
 
     def __init__(
         self,
         *,
         registry: Registry,
-        queue: MessageQueue,
-        dlq: MessageQueue,
+        queue: MessageQueue | None = None,
+        dlq: MessageQueue | None = None,
         options: RuntimeOptions,
         observers: Observers | None = None,
         ledger: Ledger | None = None,
         rng: random.Random | None = None,
         workflows: WorkflowHooks | None = None,
         gate: Gate | None = None,
+        routes: list[Route] | None = None,
+        mode: Mode = Mode.WEIGHTED,
     ) -> None:
+        if routes is None:
+            if queue is None or dlq is None:
+                raise ValueError("give queue and dlq, or routes")
+            routes = [Route(queue, dlq)]
+        elif not routes or queue is not None or dlq is not None:
+            raise ValueError("give queue and dlq, or routes (at least one), not both")
         self.registry = registry
-        self.queue = queue
-        self.dlq = dlq
+        self.routes = routes
+        self.queue = routes[0].queue
+        self.dlq = routes[0].dlq
         self.options = options
         self.observers = observers or Observers()
         self.ledger = ledger
         self.workflows = workflows
-        self._steps = WorkflowSteps(workflows, queue_name=queue.name)
+        self._steps = WorkflowSteps(workflows, queue_name=self.queue.name)
         self._rng = rng or random.Random()
         self._slots = Slots(options.concurrency)
-        self._groups: dict[str, deque[Held]] = {}
+        self._receivers = Receivers(routes, mode=mode, slots=self._slots, hedge_after_s=HEDGE_AFTER_S)
+        #: FIFO groups waiting their turn, by (queue URL, MessageGroupId).
+        self._groups: dict[tuple[str, str], deque[Held]] = {}
         self._jobs: set[asyncio.Task[Any]] = set()
         self._stopping = False
-        #: The last receive brought messages: a slow receive now is trouble, not a long poll on an empty queue.
-        self._queue_busy = False
         #: When each receive in flight began (monotonic); at shutdown they are abandoned, not answered.
         self._polls: dict[asyncio.Future[list[Message]], float] = {}
         #: Until when a receive abandoned at shutdown may still take a message SQS makes visible (its long poll
@@ -119,9 +132,9 @@ class Worker:
         self._threads = JobThreads(options.concurrency)
         self._sqs = Connectivity("sqs", self.observers)
         self._dynamodb = Connectivity("dynamodb", self.observers)
-        self.outcomes = Outcomes(queue=queue, dlq=dlq, observers=self.observers, max_hop_s=options.max_hop_s)
+        self.outcomes = Outcomes(queue=self.queue, dlq=self.dlq, observers=self.observers, max_hop_s=options.max_hop_s)
         self.heartbeat = Heartbeat(
-            queue=queue,
+            queue=self.queue,
             slots=self._slots,
             visibility_timeout_s=options.visibility_timeout_s,
             observers=self.observers,
@@ -147,16 +160,21 @@ class Worker:
             await self._consume(stop)
 
     async def _consume(self, stop: asyncio.Event) -> None:
-        loops = receive_loops(self.options.concurrency)
+        loops = receive_loops(self.options.concurrency) + len(self.routes) - 1  # one more per long poll of the set
         receivers = [asyncio.create_task(self._receive_loop(stop), name=f"receive-{i}") for i in range(loops)]
         heartbeat = asyncio.create_task(self.heartbeat.run(), name="heartbeat")
+        names = ", ".join(route.queue.name for route in self.routes)
         log.info(
             "worker started on %s (concurrency %d, %d receive loop%s)",
-            self.queue.name,
+            names if len(self.routes) == 1 else f"{names} ({self._receivers.policy.mode})",
             self.options.concurrency,
             loops,
             "" if loops == 1 else "s",
-            extra={"queue": self.queue.name, "dlq": self.dlq.name, "job_types": self.registry.names()},
+            extra={
+                "queue": names,
+                "dlq": ", ".join(route.dlq.name for route in self.routes),
+                "job_types": self.registry.names(),
+            },
         )
         try:
             await stop.wait()
@@ -166,29 +184,36 @@ class Worker:
             raise self.fatal
 
     async def _receive_loop(self, stop: asyncio.Event) -> None:
-        """Receive for free slots until stopping. While the queue is busy (the last receive brought messages), a
-        receive unanswered after ``HEDGE_AFTER_S`` (an endpoint erring, retrying or stalled) gives its slots back so
-        another loop can use them; what it brings back later takes the slots still free, the rest waits for one
+        """Receive for free slots until stopping, from the queue the priority policy names (``Receivers``). A
+        receive unanswered after ``HEDGE_AFTER_S`` gives its slots back so another loop can use them: on a single
+        queue only while it is busy (the last receive brought messages: an endpoint erring, retrying or stalled);
+        in a set once it looks like a long poll on an empty queue (``Receivers.lend_after_s``: the other queues
+        use the slots). What it brings back later takes the slots still free, the rest waits for one
         (``_place_later``). A failed receive pauses its loop by the RECEIVE budget of ``worker.budgets``."""
         failures = 0  # failed receives in a row
         while not self._stopping:
-            reservation = await self._slots.reserve(10)
+            route, index, reservation = await self._receivers.reserve()
+            asked, lent = reservation.count, False
             receive = asyncio.ensure_future(
-                self.queue.receive(
-                    max_messages=reservation.count,
+                route.queue.receive(
+                    max_messages=asked,
                     wait_s=self.options.poll_wait_s,
                     visibility_timeout_s=self.options.visibility_timeout_s,
                 )
             )
-            self._polls[receive] = time.monotonic()
+            self._polls[receive] = began = time.monotonic()
             receive.add_done_callback(self._polls.pop)
             try:
-                done, _ = await asyncio.wait({receive}, timeout=HEDGE_AFTER_S if self._queue_busy else None)
+                done, _ = await asyncio.wait({receive}, timeout=self._receivers.lend_after_s(index))
                 if not done:
-                    self._slots.lend(reservation)
+                    kept = min(asked, self._receivers.keeps_when_lent())
+                    self._slots.lend(reservation, keep=kept)
+                    self._receivers.lent(index, asked - kept)
+                    lent = True
                 messages = await receive
             except Exception as exc:
                 self._slots.settle(reservation, 0)
+                self._receivers.failed(index, asked=asked, lent=lent)
                 if isinstance(exc, ConfigError):
                     self.fatal = exc
                     stop.set()
@@ -202,24 +227,29 @@ class Worker:
             except asyncio.CancelledError:
                 receive.cancel()
                 self._slots.settle(reservation, 0)
+                self._receivers.failed(index, asked=asked, lent=lent)
                 raise
             failures = 0
             self._sqs.up()
-            self._queue_busy = bool(messages)
+            self._receivers.answered(
+                index, asked=asked, received=len(messages), lent=lent, elapsed_s=time.monotonic() - began
+            )
             # What its reservation still holds (a lent one or one borrowed from holds less), then free or borrowed
             # slots; the rest waits for a slot.
             placed = self._slots.settle(reservation, len(messages))
             placed += self._slots.take(len(messages) - placed)
             for message in messages[:placed]:
-                self._accept(message)
+                self._accept(message, route)
             for message in messages[placed:]:
-                self._spawn(self._place_later(message, stop))
+                self._spawn(self._place_later(message, route, stop))
 
-    async def _place_later(self, message: Message, stop: asyncio.Event) -> None:
+    async def _place_later(self, message: Message, route: Route, stop: asyncio.Event) -> None:
         """A message a slow receive brought back after its slots went to another loop: it waits for a slot (ahead
         of new receives) for at most half its claim, and is released at once (visibility 0) if none comes first
         or the worker stops."""
-        slot = asyncio.ensure_future(self._slots.acquire(self.options.visibility_timeout_s * EXTEND_BELOW_SHARE))
+        slot = asyncio.ensure_future(
+            self._slots.acquire(self.options.visibility_timeout_s * EXTEND_BELOW_SHARE, rank=self.routes.index(route))
+        )
         stopping = asyncio.ensure_future(stop.wait())
         cancelled = False
         try:
@@ -231,15 +261,15 @@ class Worker:
         (got_slot,) = await asyncio.gather(slot, return_exceptions=True)
         if got_slot is True:
             if not (cancelled or self._stopping):
-                self._accept(message)
+                self._accept(message, route)
                 return
             self._slots.release(1)
-        await self._release_unplaced(message)
+        await self._release_unplaced(message, route)
         if cancelled:
             raise asyncio.CancelledError
 
-    async def _release_unplaced(self, message: Message) -> None:
-        held = self._held(message)
+    async def _release_unplaced(self, message: Message, route: Route) -> None:
+        held = self._held(message, route)
         await asyncio.shield(
             self.outcomes.hold_back(held, self._release_delay_s(), "no free slot after a slow receive")
         )
@@ -250,7 +280,7 @@ class Worker:
         whole visibility timeout (and count a receive)."""
         return max(0, math.ceil(self._abandoned_until - time.monotonic()))
 
-    def _held(self, message: Message) -> Held:
+    def _held(self, message: Message, route: Route | None = None) -> Held:
         """A received message, with its attempt and receive counts (``worker.flow.attempts``)."""
         now = time.monotonic()
         counts = counts_of(
@@ -264,16 +294,18 @@ class Worker:
             visible_until=now + self.options.visibility_timeout_s,
             attempt=counts.attempt,
             receive_count=counts.receive_count,
+            route=route,
         )
 
-    def _accept(self, message: Message) -> None:
-        held = self._held(message)
+    def _accept(self, message: Message, route: Route) -> None:
+        held = self._held(message, route)
         self.heartbeat.track(held)
         self._emit(Kind.RECEIVED, held)
-        group = message.group_id if self.queue.is_fifo else None
-        if group is None:
+        group_id = message.group_id if route.queue.is_fifo else None
+        if group_id is None:
             self._spawn(self._run_one(held))
             return
+        group = (route.queue.name, group_id)
         waiting = self._groups.get(group)
         if waiting is not None:
             waiting.append(held)
@@ -311,7 +343,7 @@ class Worker:
         self._forget(held)
         await asyncio.shield(outcome)
 
-    async def _run_group(self, group: str) -> None:
+    async def _run_group(self, group: tuple[str, str]) -> None:
         """Run a FIFO group's messages in order; after a failure, release the rest of the group unprocessed."""
         waiting = self._groups[group]
         try:
@@ -384,7 +416,7 @@ class Worker:
         except ValueError as exc:
             await self._finish(held, self.outcomes.dead_letter(held, INVALID_MESSAGE, f"bad {DUE_AT_ATTRIBUTE}: {exc}"))
             return False
-        if due_at is not None and self.queue.is_fifo:
+        if due_at is not None and held.queue_or(self.queue).is_fifo:
             error = f"{DUE_AT_ATTRIBUTE} on a FIFO queue: FIFO queues take no per-message delay"
             await self._finish(held, self.outcomes.dead_letter(held, INVALID_MESSAGE, error))
             return False
@@ -641,10 +673,10 @@ class Worker:
         await asyncio.gather(*(h.extension for h in self.heartbeat.tracked() if h.extension), return_exceptions=True)
         heartbeat.cancel()
         await asyncio.gather(heartbeat, return_exceptions=True)
-        await asyncio.gather(self.queue.drain(), self.dlq.drain())
+        await asyncio.gather(*(queue.drain() for route in self.routes for queue in (route.queue, route.dlq)))
         # Threads still running handlers cannot be stopped: daemon threads, they end with the process.
         self._threads.close()
-        log.info("worker stopped", extra={"queue": self.queue.name})
+        log.info("worker stopped", extra={"queue": ", ".join(route.queue.name for route in self.routes)})
 
     async def _cancel_jobs(self, pending: set[asyncio.Task[Any]]) -> None:
         """Past the grace: cancel the jobs and release their messages. A plain ``def`` handler's thread cannot be

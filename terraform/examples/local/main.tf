@@ -37,6 +37,21 @@ variable "fifo_queue" {
   default     = false
 }
 
+variable "queues" {
+  description = "A queue set (WORKER_QUEUES), highest priority first; empty: one queue."
+  type = list(object({
+    name   = string
+    weight = optional(number, 1)
+  }))
+  default = []
+}
+
+variable "queues_mode" {
+  description = "weighted or strict."
+  type        = string
+  default     = "weighted"
+}
+
 variable "redrive_allow_policy" {
   description = "moto does not store a DLQ's RedriveAllowPolicy (the provider would wait for it forever): false there, true on LocalStack."
   type        = bool
@@ -69,6 +84,8 @@ module "worker" {
 
   name                      = var.name
   fifo_queue                = var.fifo_queue
+  queues                    = var.queues
+  queues_mode               = var.queues_mode
   schedules_file            = var.schedules_file
   enable_ecs                = false
   redrive_allow_policy      = var.redrive_allow_policy

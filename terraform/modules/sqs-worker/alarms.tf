@@ -9,32 +9,35 @@ resource "aws_sns_topic" "alarms" {
 }
 
 locals {
-  queue_alarms = {
-    dlq-not-empty = {
-      description = "Messages are waiting in the dead-letter queue ${local.dlq_name}: jobs failed for good."
-      metric      = "ApproximateNumberOfMessagesVisible"
-      queue       = aws_sqs_queue.dlq.name
-      statistic   = "Maximum"
-      threshold   = 0
-      periods     = 1
+  # Per queue (a queue set: each queue and its DLQ, named <name>-<queue>-<alarm>; one queue: <name>-<alarm>).
+  queue_alarms = merge([
+    for member in local.queue_members : {
+      "${member.label == "" ? "" : "${member.label}-"}dlq-not-empty" = {
+        description = "Messages are waiting in the dead-letter queue ${member.dlq.name}: jobs failed for good."
+        metric      = "ApproximateNumberOfMessagesVisible"
+        queue       = member.dlq.name
+        statistic   = "Maximum"
+        threshold   = 0
+        periods     = 1
+      }
+      "${member.label == "" ? "" : "${member.label}-"}oldest-message-age" = {
+        description = "The oldest message in ${member.queue.name} waited longer than ${var.alarm_oldest_message_age_s} s: workers are behind or stuck."
+        metric      = "ApproximateAgeOfOldestMessage"
+        queue       = member.queue.name
+        statistic   = "Maximum"
+        threshold   = var.alarm_oldest_message_age_s
+        periods     = var.alarm_evaluation_periods
+      }
+      "${member.label == "" ? "" : "${member.label}-"}queue-depth" = {
+        description = "More than ${var.alarm_queue_depth} messages wait in ${member.queue.name}."
+        metric      = "ApproximateNumberOfMessagesVisible"
+        queue       = member.queue.name
+        statistic   = "Maximum"
+        threshold   = var.alarm_queue_depth
+        periods     = var.alarm_evaluation_periods
+      }
     }
-    oldest-message-age = {
-      description = "The oldest message in ${local.queue_name} waited longer than ${var.alarm_oldest_message_age_s} s: workers are behind or stuck."
-      metric      = "ApproximateAgeOfOldestMessage"
-      queue       = aws_sqs_queue.queue.name
-      statistic   = "Maximum"
-      threshold   = var.alarm_oldest_message_age_s
-      periods     = var.alarm_evaluation_periods
-    }
-    queue-depth = {
-      description = "More than ${var.alarm_queue_depth} messages wait in ${local.queue_name}."
-      metric      = "ApproximateNumberOfMessagesVisible"
-      queue       = aws_sqs_queue.queue.name
-      statistic   = "Maximum"
-      threshold   = var.alarm_queue_depth
-      periods     = var.alarm_evaluation_periods
-    }
-  }
+  ]...)
 }
 
 resource "aws_cloudwatch_metric_alarm" "queue" {
@@ -106,11 +109,13 @@ resource "aws_cloudwatch_dashboard" "this" {
           region = data.aws_region.current.name
           stat   = "Maximum"
           period = 60
-          metrics = [
-            ["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", aws_sqs_queue.queue.name],
-            ["AWS/SQS", "ApproximateNumberOfMessagesNotVisible", "QueueName", aws_sqs_queue.queue.name],
-            ["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", aws_sqs_queue.dlq.name, { label = "DLQ visible" }],
-          ]
+          metrics = flatten([
+            for member in local.queue_members : [
+              ["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", member.queue.name],
+              ["AWS/SQS", "ApproximateNumberOfMessagesNotVisible", "QueueName", member.queue.name],
+              ["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", member.dlq.name, { label = "DLQ visible" }],
+            ]
+          ])
         }
       },
       {
@@ -120,7 +125,7 @@ resource "aws_cloudwatch_dashboard" "this" {
           region  = data.aws_region.current.name
           stat    = "Maximum"
           period  = 60
-          metrics = [["AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName", aws_sqs_queue.queue.name]]
+          metrics = [for member in local.queue_members : ["AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName", member.queue.name]]
           annotations = {
             horizontal = [{ label = "alarm", value = var.alarm_oldest_message_age_s }]
           }

@@ -22,6 +22,7 @@ resource "aws_ecs_cluster" "this" {
 }
 
 locals {
+  backlog_ids  = length(local.queue_members) == 1 ? ["visible"] : [for index, _ in local.queue_members : "visible_${index}"]
   cluster_arn  = var.ecs_cluster_arn != null ? var.ecs_cluster_arn : try(aws_ecs_cluster.this[0].arn, null)
   cluster_name = local.cluster_arn == null ? null : element(split("/", local.cluster_arn), length(split("/", local.cluster_arn)) - 1)
   container_environment = [
@@ -173,17 +174,21 @@ resource "aws_appautoscaling_policy" "backlog_per_task" {
     scale_out_cooldown = var.scale_out_cooldown_s
 
     customized_metric_specification {
-      metrics {
-        id          = "visible"
-        return_data = false
-        metric_stat {
-          stat = "Sum"
-          metric {
-            namespace   = "AWS/SQS"
-            metric_name = "ApproximateNumberOfMessagesVisible"
-            dimensions {
-              name  = "QueueName"
-              value = aws_sqs_queue.queue.name
+      # The backlog of every queue of the worker, summed (a queue set scales on all of its queues together).
+      dynamic "metrics" {
+        for_each = local.backlog_ids
+        content {
+          id          = metrics.value
+          return_data = false
+          metric_stat {
+            stat = "Sum"
+            metric {
+              namespace   = "AWS/SQS"
+              metric_name = "ApproximateNumberOfMessagesVisible"
+              dimensions {
+                name  = "QueueName"
+                value = local.queue_members[metrics.key].queue.name
+              }
             }
           }
         }
@@ -212,7 +217,7 @@ resource "aws_appautoscaling_policy" "backlog_per_task" {
       metrics {
         id          = "backlog_per_task"
         label       = "Visible messages per running task"
-        expression  = "visible / tasks"
+        expression  = length(local.backlog_ids) == 1 ? "visible / tasks" : "(${join(" + ", local.backlog_ids)}) / tasks"
         return_data = true
       }
     }

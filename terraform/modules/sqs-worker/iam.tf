@@ -2,7 +2,7 @@
 # scheduler role may only send to the queue (and its own DLQ); the execution role only pulls and logs.
 
 locals {
-  queue_arns = [aws_sqs_queue.queue.arn, aws_sqs_queue.dlq.arn]
+  queue_arns = flatten([for member in local.queue_members : [member.queue.arn, member.dlq.arn]])
   kms_statements = var.kms_key_arn == null ? [] : [{
     Sid      = "UseTheQueueAndTableKey"
     Effect   = "Allow"

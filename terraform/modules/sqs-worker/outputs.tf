@@ -1,5 +1,5 @@
 output "queue_url" {
-  description = "URL of the work queue (WORKER_QUEUE)."
+  description = "URL of the work queue (WORKER_QUEUE), or of the first (highest priority) queue of a set."
   value       = aws_sqs_queue.queue.url
 }
 
@@ -11,6 +11,16 @@ output "queue_name" {
 output "queue_arn" {
   description = "ARN of the work queue (for producers' IAM policies)."
   value       = aws_sqs_queue.queue.arn
+}
+
+output "queue_urls" {
+  description = "URL of each queue of the worker, highest priority first (one: [queue_url])."
+  value       = [for member in local.queue_members : member.queue.url]
+}
+
+output "dead_letter_queue_urls" {
+  description = "URL of each queue's own DLQ, in the order of queue_urls."
+  value       = [for member in local.queue_members : member.dlq.url]
 }
 
 output "dead_letter_queue_url" {

@@ -30,6 +30,36 @@ variable "fifo_queue" {
   default     = false
 }
 
+variable "queues" {
+  description = "A queue set one worker consumes (WORKER_QUEUES), highest priority first: each entry makes the queue <name>-<entry name> with its own DLQ <name>-<entry name>-dlq, and gives its weight. Empty: the one queue <name>."
+  type = list(object({
+    name   = string
+    weight = optional(number, 1)
+  }))
+  default = []
+
+  validation {
+    condition     = alltrue([for entry in var.queues : can(regex("^[A-Za-z0-9_-]{1,30}$", entry.name)) && entry.weight >= 1 && entry.weight <= 1000 && floor(entry.weight) == entry.weight])
+    error_message = "each queue needs a name of 1-30 letters, digits, '-' and '_' and a whole weight of 1..1000."
+  }
+
+  validation {
+    condition     = length(distinct([for entry in var.queues : entry.name])) == length(var.queues)
+    error_message = "each queue of the set needs its own name."
+  }
+}
+
+variable "queues_mode" {
+  description = "How the queues of var.queues share a worker's slots (WORKER_QUEUES_MODE): weighted or strict."
+  type        = string
+  default     = "weighted"
+
+  validation {
+    condition     = contains(["weighted", "strict"], var.queues_mode)
+    error_message = "queues_mode must be weighted or strict."
+  }
+}
+
 variable "content_based_deduplication" {
   description = "FIFO only: deduplicate on a hash of the body. Needed for Scheduler targets, which send no deduplication id."
   type        = bool

@@ -144,3 +144,67 @@ run "shutdown_grace_must_fit_the_stop_timeout" {
 
   expect_failures = [var.shutdown_grace_s]
 }
+
+run "queue_set_each_queue_with_its_own_dlq" {
+  command = apply
+
+  variables {
+    queues      = [{ name = "critical", weight = 10 }, { name = "default", weight = 3 }, { name = "bulk" }]
+    queues_mode = "strict"
+  }
+
+  assert {
+    condition     = aws_sqs_queue.queue.name == "billing-critical" && aws_sqs_queue.dlq.name == "billing-critical-dlq" && aws_sqs_queue.extra["bulk"].name == "billing-bulk" && aws_sqs_queue.extra_dlq["bulk"].name == "billing-bulk-dlq" && length(aws_sqs_queue.extra) == 2
+    error_message = "the set is <name>-<queue> with <name>-<queue>-dlq, the first one as aws_sqs_queue.queue"
+  }
+
+  assert {
+    condition     = alltrue([for key in ["default", "bulk"] : jsondecode(aws_sqs_queue.extra[key].redrive_policy).deadLetterTargetArn == aws_sqs_queue.extra_dlq[key].arn && jsondecode(aws_sqs_queue.extra[key].redrive_policy).maxReceiveCount == 7])
+    error_message = "each queue of the set redrives to its own DLQ"
+  }
+
+  assert {
+    condition     = alltrue([for key in ["default", "bulk"] : jsondecode(aws_sqs_queue_redrive_allow_policy.extra_dlq[key].redrive_allow_policy).sourceQueueArns == [aws_sqs_queue.extra[key].arn]])
+    error_message = "each DLQ accepts only its own queue"
+  }
+
+  assert {
+    condition     = alltrue([for key in ["default", "bulk"] : aws_sqs_queue.extra_dlq[key].message_retention_seconds > aws_sqs_queue.extra[key].message_retention_seconds && aws_sqs_queue.extra[key].sqs_managed_sse_enabled && aws_sqs_queue.extra_dlq[key].sqs_managed_sse_enabled])
+    error_message = "the set's queues are configured as the first: encrypted, DLQ retention above the queue's"
+  }
+
+  assert {
+    condition     = output.worker_environment.WORKER_QUEUES == "${aws_sqs_queue.queue.url}:10,${aws_sqs_queue.extra["default"].url}:3,${aws_sqs_queue.extra["bulk"].url}:1" && output.worker_environment.WORKER_QUEUES_MODE == "strict"
+    error_message = "the worker gets WORKER_QUEUES (URL:weight, highest priority first) and WORKER_QUEUES_MODE"
+  }
+
+  assert {
+    condition     = !contains(keys(output.worker_environment), "WORKER_QUEUE") && !contains(keys(output.worker_environment), "WORKER_DEAD_LETTER_QUEUE")
+    error_message = "no WORKER_QUEUE or WORKER_DEAD_LETTER_QUEUE with a set (the worker refuses both): each queue's DLQ is its redrive target"
+  }
+
+  assert {
+    condition     = output.queue_urls == [aws_sqs_queue.queue.url, aws_sqs_queue.extra["default"].url, aws_sqs_queue.extra["bulk"].url] && output.dead_letter_queue_urls == [aws_sqs_queue.dlq.url, aws_sqs_queue.extra_dlq["default"].url, aws_sqs_queue.extra_dlq["bulk"].url]
+    error_message = "every queue and DLQ URL is an output, in priority order"
+  }
+}
+
+run "queue_set_names_must_be_distinct" {
+  command = plan
+
+  variables {
+    queues = [{ name = "bulk" }, { name = "bulk", weight = 2 }]
+  }
+
+  expect_failures = [var.queues]
+}
+
+run "queue_set_weights_are_whole_numbers_up_to_1000" {
+  command = plan
+
+  variables {
+    queues = [{ name = "critical", weight = 0 }]
+  }
+
+  expect_failures = [var.queues]
+}

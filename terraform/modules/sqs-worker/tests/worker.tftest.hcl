@@ -277,3 +277,36 @@ run "web_dashboard_runs_behind_an_internal_https_alb" {
     error_message = "a read-only dashboard's role cannot purge; it queries the ledger's status index"
   }
 }
+
+run "queue_set_alarms_iam_and_autoscaling_cover_every_queue" {
+  command = apply
+
+  variables {
+    queues = [{ name = "critical", weight = 10 }, { name = "bulk", weight = 1 }]
+  }
+
+  assert {
+    condition     = toset([for alarm in aws_cloudwatch_metric_alarm.queue : alarm.alarm_name]) == toset(flatten([for queue in ["critical", "bulk"] : [for alarm in ["dlq-not-empty", "oldest-message-age", "queue-depth"] : "billing-${queue}-${alarm}"]]))
+    error_message = "each queue of the set has its depth, age and DLQ alarms"
+  }
+
+  assert {
+    condition     = aws_cloudwatch_metric_alarm.queue["bulk-dlq-not-empty"].dimensions.QueueName == "billing-bulk-dlq" && aws_cloudwatch_metric_alarm.queue["bulk-queue-depth"].dimensions.QueueName == "billing-bulk"
+    error_message = "each alarm watches its own queue"
+  }
+
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.task[0].policy).Statement : s.Resource if s.Sid == "ConsumeTheQueue"]) == [aws_sqs_queue.queue.arn, aws_sqs_queue.dlq.arn, aws_sqs_queue.extra["bulk"].arn, aws_sqs_queue.extra_dlq["bulk"].arn]
+    error_message = "the task role reaches every queue of the set and its DLQ, no more"
+  }
+
+  assert {
+    condition     = [for m in aws_appautoscaling_policy.backlog_per_task[0].target_tracking_scaling_policy_configuration[0].customized_metric_specification[0].metrics : m.expression if m.return_data] == ["(visible_0 + visible_1) / tasks"]
+    error_message = "autoscaling on the summed backlog of the set per running task"
+  }
+
+  assert {
+    condition     = [for m in aws_appautoscaling_policy.backlog_per_task[0].target_tracking_scaling_policy_configuration[0].customized_metric_specification[0].metrics : one(m.metric_stat[0].metric[0].dimensions).value if startswith(m.id, "visible")] == ["billing-critical", "billing-bulk"]
+    error_message = "the backlog counts the visible messages of each queue of the set"
+  }
+}
