@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -154,10 +153,10 @@ def current_producer() -> Producer:
         return producer
     if _installed:
         return _installed[-1]
-    from worker.settings import WorkerSettings
+    from worker.settings import botocore_endpoint_variables, load_settings
 
-    settings = WorkerSettings()
-    endpoints = [os.environ.get(name) for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_SQS")]  # botocore's own
+    settings = load_settings()  # a missing WORKER_QUEUE is one ConfigError line
+    endpoints = botocore_endpoint_variables()
     key = (settings.queue, repr((sorted(settings.aws().client_kwargs().items()), endpoints)))
     with _from_settings_lock:
         found = _from_settings.get(key)

@@ -178,6 +178,11 @@ def aws_region() -> str:
     return region
 
 
+def botocore_endpoint_variables() -> tuple[str | None, str | None]:
+    """``AWS_ENDPOINT_URL`` and ``AWS_ENDPOINT_URL_SQS`` as botocore reads them itself (a cache key for clients)."""
+    return os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_ENDPOINT_URL_SQS")
+
+
 S = TypeVar("S", bound=WorkerSettings)
 
 
