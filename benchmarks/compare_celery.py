@@ -64,8 +64,9 @@ DELETE_ACTIONS = ("DeleteMessage", "DeleteMessageBatch")
 @dataclass(frozen=True)
 class Side:
     name: str
-    kind: str  # "sqs-worker" | "celery"
+    kind: str  # "sqs-worker" | "celery" | "raw"
     pool: str = ""
+    threads: int = 0  # raw boto3 loop: its threads
 
 
 @dataclass
@@ -194,6 +195,10 @@ def send(client: Any, run: Run, endpoint_url: str, jobs: int, rate_per_s: float,
 
 
 def worker_command(run: Run, proxy_url: str, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    if run.side.kind == "raw":
+        env = base_env(run)
+        env.update({"AWS_ENDPOINT_URL": proxy_url, "BENCH_QUEUE_URL": run.queue_url})
+        return [sys.executable, str(ROOT / "benchmarks" / "rawloop.py"), "--threads", str(run.side.threads)], env
     if run.side.kind == "celery":
         command = [
             str(CELERY_VENV / "bin" / "celery"),
@@ -223,6 +228,8 @@ def worker_command(run: Run, proxy_url: str, args: argparse.Namespace) -> tuple[
             "WORKER_HEALTH_FILE": str(run.workdir / "health"),
         }
     )
+    if args.worker_processes != "1":
+        env["WORKER_PROCESSES"] = args.worker_processes
     return [str(SQS_WORKER_BIN), "run"], env
 
 
@@ -384,10 +391,17 @@ def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratc
         with run.log_file.open("wb") as log:
             run.spawned_at = time.time()
             run.process = subprocess.Popen(  # noqa: S603 - our own fixed command line
-                command, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+                command,
+                env=env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                preexec_fn=pin_to(args.pin_cpus),
             )
         sampler = Sampler(run.process.pid)
-        result: dict[str, Any] = {"side": side.name, "jobs": args.jobs, "concurrency": args.concurrency}
+        result: dict[str, Any] = {"side": side.name, "jobs": args.jobs, "concurrency": concurrency_of(side, args)}
         cpu_startup_s = 0.0
         if proxy is not None:
             wait_first_receive(proxy, run, args.timeout_s)
@@ -423,23 +437,62 @@ def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratc
 
 # ---------------------------------------------------------------- report
 
+#: Figures compared across sides; for each, which way is better (True: more is better).
+FIGURES = {
+    "jobs_per_s": True,
+    "jobs_per_s_by_starts": True,
+    "sqs_requests_per_job": False,
+    "cpu_ms_per_job": False,
+    "peak_pss_mb": False,
+}
+RAW_SIDES = ("raw-1", "raw-4")
+CELERY_SIDES = ("celery-threads", "celery-prefork")
+
 
 def ratio(a: float, b: float) -> float | None:
     return round(a / b, 2) if b else None
 
 
 def ratios(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    """sqs-worker / other, per figure (above 1: sqs-worker has more of it)."""
-    names = ["jobs_per_s", "jobs_per_s_by_starts", "sqs_requests_per_job", "cpu_ms_per_job", "peak_pss_mb"]
-    out = {name: ratio(base[name], other[name]) for name in names if name in base and name in other}
+    """base / other, per figure (above 1: base has more of it); latency also as a difference in ms."""
+    out = {name: ratio(base[name], other[name]) for name in FIGURES if name in base and name in other}
     if "trickle" in base and "trickle" in other:
         out["trickle_latency_p50_ms"] = ratio(base["trickle"]["latency_p50_ms"], other["trickle"]["latency_p50_ms"])
+        out["trickle_latency_p50_minus_ms"] = round(
+            base["trickle"]["latency_p50_ms"] - other["trickle"]["latency_p50_ms"], 1
+        )
+    return out
+
+
+def label(result: dict[str, Any]) -> str:
+    side = str(result["side"])
+    return side if side in RAW_SIDES else f"{side}@{result['concurrency']}"
+
+
+def best_celery(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The Celery run with the most jobs/s in one repeat (its best pool and concurrency)."""
+    celery = [r for r in results if r["side"] in CELERY_SIDES and "jobs_per_s" in r]
+    return max(celery, key=lambda r: r["jobs_per_s"], default=None)
+
+
+def repeat_ratios(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every side of one repeat against the raw loops and Celery's best run of the same repeat."""
+    references = {side: next((r for r in results if r["side"] == side), None) for side in RAW_SIDES}
+    references["celery-best"] = best_celery(results)
+    out: dict[str, dict[str, Any]] = {}
+    for result in results:
+        out[label(result)] = {
+            f"vs {name}": ratios(result, reference)
+            for name, reference in references.items()
+            if reference is not None and reference is not result
+        }
     return out
 
 
 def table(results: list[dict[str, Any]]) -> str:
     columns: list[tuple[str, Callable[[dict[str, Any]], object]]] = [
-        ("side", lambda r: r["side"]),
+        ("side", label),
+        ("repeat", lambda r: r.get("repeat", 0)),
         ("jobs/s", lambda r: r.get("jobs_per_s", "")),
         ("drain s", lambda r: r.get("drain_s", "")),
         ("jobs/s by starts", lambda r: r["jobs_per_s_by_starts"]),
@@ -457,12 +510,54 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def ratio_table(by_repeat: list[dict[str, dict[str, Any]]]) -> str:
+    """Per side, the ratios of every repeat (min..max when repeated): jobs/s and CPU to the raw loops and Celery."""
+    picks = [
+        ("jobs/s vs raw-4", "vs raw-4", "jobs_per_s"),
+        ("jobs/s vs raw-1", "vs raw-1", "jobs_per_s"),
+        ("jobs/s vs celery best", "vs celery-best", "jobs_per_s"),
+        ("cpu/job vs raw-1", "vs raw-1", "cpu_ms_per_job"),
+        ("cpu/job vs raw-4", "vs raw-4", "cpu_ms_per_job"),
+        ("cpu/job vs celery best", "vs celery-best", "cpu_ms_per_job"),
+        ("req/job vs raw-1", "vs raw-1", "sqs_requests_per_job"),
+        ("req/job vs celery best", "vs celery-best", "sqs_requests_per_job"),
+        ("p50 ms minus raw-1", "vs raw-1", "trickle_latency_p50_minus_ms"),
+    ]
+    sides = list(dict.fromkeys(name for repeat in by_repeat for name in repeat))
+    lines = ["| side | " + " | ".join(title for title, _, _ in picks) + " |", "|" + "---|" * (len(picks) + 1)]
+    for side in sides:
+        cells = []
+        for _, versus, figure in picks:
+            values = [
+                repeat[side][versus][figure]
+                for repeat in by_repeat
+                if side in repeat and versus in repeat[side] and repeat[side][versus].get(figure) is not None
+            ]
+            cells.append(spread(values))
+        lines.append(f"| {side} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    return f"{low:g}" if low == high else f"{low:g}..{high:g}"
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--endpoint-url", help="a running LocalStack (default: start one for the run)")
     parser.add_argument("--jobs", type=int, default=500)
-    parser.add_argument("--concurrency", type=int, default=20)
-    parser.add_argument("--sides", default="sqs-worker,celery-threads,celery-prefork")
+    parser.add_argument(
+        "--concurrency", default="20", help="one or more, comma-separated (sqs-worker and Celery run at each)"
+    )
+    parser.add_argument("--sides", default="raw-1,raw-4,sqs-worker,celery-threads,celery-prefork")
+    parser.add_argument("--repeats", type=int, default=1, help="run every side this many times (shows the spread)")
+    parser.add_argument(
+        "--pin-cpus", default="", help="CPUs each worker process may use, e.g. 1 or 0,1 (default: any CPU)"
+    )
+    parser.add_argument("--worker-processes", default="1", help="WORKER_PROCESSES of the sqs-worker side")
     parser.add_argument("--celery-prefetch-multiplier", type=int, default=1)
     parser.add_argument("--trickle-jobs", type=int, default=100, help="0: skip the latency phase")
     parser.add_argument("--trickle-rate-per-s", type=float, default=20.0)
@@ -478,10 +573,33 @@ def parse_args() -> argparse.Namespace:
 
 
 SIDES = {
+    "raw-1": Side("raw-1", "raw", threads=1),
+    "raw-4": Side("raw-4", "raw", threads=4),
     "sqs-worker": Side("sqs-worker", "sqs-worker"),
     "celery-threads": Side("celery-threads", "celery", "threads"),
     "celery-prefork": Side("celery-prefork", "celery", "prefork"),
 }
+
+
+def concurrency_of(side: Side, args: argparse.Namespace) -> int:
+    return side.threads if side.kind == "raw" else int(args.concurrency)
+
+
+def pin_to(cpus: str) -> Callable[[], None] | None:
+    if not cpus:
+        return None
+    chosen = {int(cpu) for cpu in cpus.split(",")}
+    return lambda: os.sched_setaffinity(0, chosen)
+
+
+def plan(sides: list[Side], args: argparse.Namespace) -> list[tuple[Side, argparse.Namespace]]:
+    """Each side at each concurrency (the raw loops once: their threads are their concurrency)."""
+    runs = []
+    for side in sides:
+        levels = [args.concurrency.split(",")[0]] if side.kind == "raw" else args.concurrency.split(",")
+        for level in levels:
+            runs.append((side, argparse.Namespace(**{**vars(args), "concurrency": int(level)})))
+    return runs
 
 
 def main() -> int:
@@ -497,24 +615,39 @@ def main() -> int:
         celery_python()
     backend: Backend | None = None if args.endpoint_url else start_localstack()
     endpoint_url = args.endpoint_url or (backend.endpoint_url if backend else "")
-    results = []
+    results: list[dict[str, Any]] = []
+    by_repeat: list[dict[str, dict[str, Any]]] = []
+    loads = []
     try:
         with tempfile.TemporaryDirectory(prefix="bench-celery-") as scratch:
-            for side in sides:
-                print(f"measuring {side.name} ...", file=sys.stderr, flush=True)
-                results.append(measure_side(side, endpoint_url, args, Path(scratch)))
+            for repeat in range(args.repeats):
+                this_repeat = []
+                for side, side_args in plan(sides, args):
+                    print(f"repeat {repeat}: {side.name} at {side_args.concurrency} ...", file=sys.stderr, flush=True)
+                    loads.append(os.getloadavg()[0])
+                    workdir = Path(scratch) / f"r{repeat}-c{side_args.concurrency}"
+                    workdir.mkdir(exist_ok=True)
+                    result = measure_side(side, endpoint_url, side_args, workdir)
+                    result["repeat"] = repeat
+                    result["load_avg_1m"] = round(os.getloadavg()[0], 2)
+                    this_repeat.append(result)
+                results.extend(this_repeat)
+                by_repeat.append(repeat_ratios(this_repeat))
     finally:
         if backend is not None:
             backend.stop()
-    base = next((r for r in results if r["side"] == "sqs-worker"), None)
     report = {
         "endpoint": "localstack" + ("" if args.no_proxy else " via counting proxy"),
         "cpus": os.cpu_count(),
-        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "pinned_cpus": args.pin_cpus or "any",
+        "load_avg_1m": {"min": round(min(loads), 2), "max": round(max(loads), 2)} if loads else {},
+        "command": " ".join(sys.argv),
         "results": results,
-        "ratios_sqs_worker_over": {r["side"]: ratios(base, r) for r in results if base and r is not base},
+        "ratios_by_repeat": by_repeat,
     }
     print(table(results))
+    print()
+    print(ratio_table(by_repeat))
     print(json.dumps(report, indent=2))
     if args.json_out:
         args.json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
