@@ -230,6 +230,9 @@ def worker_command(run: Run, proxy_url: str, args: argparse.Namespace) -> tuple[
     )
     if args.worker_processes != "1":
         env["WORKER_PROCESSES"] = args.worker_processes
+    if args.profile_dir:  # cProfile of the whole process, written at its clean exit (SIGTERM)
+        out = args.profile_dir / f"sqs-worker-c{args.concurrency}-{uuid.uuid4().hex[:6]}.prof"
+        return [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "worker.commands", "run"], env
     return [str(SQS_WORKER_BIN), "run"], env
 
 
@@ -563,6 +566,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--trickle-rate-per-s", type=float, default=20.0)
     parser.add_argument("--timeout-s", type=float, default=600.0, help="bound on every wait")
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument("--profile-dir", type=Path, help="run the sqs-worker side under cProfile, writing here")
     parser.add_argument(
         "--no-proxy",
         action="store_true",

@@ -134,6 +134,11 @@ run "task_definition_runs_the_worker" {
   }
 
   assert {
+    condition     = local.worker_environment.WORKER_PROCESSES == "1"
+    error_message = "a task of less than 2 vCPUs runs one worker process"
+  }
+
+  assert {
     condition     = local.worker_environment.WORKER_SHUTDOWN_GRACE_S == "45" && local.worker_environment.WORKER_HANDLERS == "billing.jobs,billing.reports" && local.worker_environment.WORKER_METRICS_NAMESPACE == "SqsWorker"
     error_message = "grace, handlers and namespace reach the worker"
   }
@@ -236,4 +241,18 @@ run "ecs_needs_an_image" {
   }
 
   expect_failures = [aws_ecs_task_definition.worker]
+}
+
+run "worker_processes_follow_the_task_vcpus" {
+  command = plan
+
+  variables {
+    cpu    = 2048
+    memory = 4096
+  }
+
+  assert {
+    condition     = local.worker_environment.WORKER_PROCESSES == "2"
+    error_message = "a 2-vCPU task runs two worker processes (WORKER_PROCESSES)"
+  }
 }
