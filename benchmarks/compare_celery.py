@@ -67,6 +67,7 @@ class Side:
     kind: str  # "sqs-worker" | "celery" | "raw"
     pool: str = ""
     threads: int = 0  # raw boto3 loop: its threads
+    processes: str = ""  # sqs-worker: WORKER_PROCESSES (default: --worker-processes)
 
 
 @dataclass
@@ -173,7 +174,11 @@ def celery_send(run: Run, endpoint_url: str, jobs: int, rate_per_s: float, timeo
         raise RuntimeError(f"celery send failed ({done.returncode}): {done.stderr.decode()[-2000:]}")
 
 
-def sqs_worker_send(client: Any, run: Run, jobs: int, rate_per_s: float) -> None:
+def sqs_worker_send(client: Any, run: Run, jobs: int, rate_per_s: float, cpu_ms: float = 0.0) -> None:
+    if rate_per_s <= 0 and cpu_ms > 0:  # CPU-bound handlers (benchmarks/noop_handlers.py: burn)
+        batch = [Job("burn", {"n": n, "sent_at": time.time(), "cpu_ms": cpu_ms}) for n in range(jobs)]
+        enqueue_many(client, run.queue_url, batch)
+        return
     if rate_per_s <= 0:
         batch = [Job("noop", {"n": n, "sent_at": time.time()}) for n in range(jobs)]
         enqueue_many(client, run.queue_url, batch)
@@ -186,12 +191,14 @@ def sqs_worker_send(client: Any, run: Run, jobs: int, rate_per_s: float) -> None
         enqueue(client, run.queue_url, Job("noop", {"n": n, "sent_at": time.time()}))
 
 
-def send(client: Any, run: Run, endpoint_url: str, jobs: int, rate_per_s: float, timeout_s: float) -> None:
+def send(
+    client: Any, run: Run, endpoint_url: str, jobs: int, rate_per_s: float, timeout_s: float, cpu_ms: float = 0.0
+) -> None:
     """Enqueue straight into LocalStack (``endpoint_url``), outside the counting proxy."""
     if run.side.kind == "celery":
         celery_send(run, endpoint_url, jobs, rate_per_s, timeout_s)
     else:
-        sqs_worker_send(client, run, jobs, rate_per_s)
+        sqs_worker_send(client, run, jobs, rate_per_s, cpu_ms)
 
 
 def worker_command(run: Run, proxy_url: str, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
@@ -228,8 +235,9 @@ def worker_command(run: Run, proxy_url: str, args: argparse.Namespace) -> tuple[
             "WORKER_HEALTH_FILE": str(run.workdir / "health"),
         }
     )
-    if args.worker_processes != "1":
-        env["WORKER_PROCESSES"] = args.worker_processes
+    processes = run.side.processes or args.worker_processes
+    if processes != "1":
+        env["WORKER_PROCESSES"] = processes
     if args.profile_dir:  # cProfile of the whole process, written at its clean exit (SIGTERM)
         out = args.profile_dir / f"sqs-worker-c{args.concurrency}-{uuid.uuid4().hex[:6]}.prof"
         return [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "worker.commands", "run"], env
@@ -377,7 +385,7 @@ def prepare(side: Side, client: Any, endpoint_url: str, args: argparse.Namespace
     workdir = scratch / side.name
     workdir.mkdir()
     run = Run(side, queue_name, created.queue_url, workdir, workdir / "effects.txt", workdir / "worker.log")
-    send(client, run, endpoint_url, args.jobs, 0.0, args.timeout_s)
+    send(client, run, endpoint_url, args.jobs, 0.0, args.timeout_s, args.job_cpu_ms)
     if queue_depth(client, run.queue_url) != args.jobs:
         raise RuntimeError(f"{side.name}: preload left {queue_depth(client, run.queue_url)} messages, not {args.jobs}")
     return run
@@ -489,6 +497,10 @@ def repeat_ratios(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             for name, reference in references.items()
             if reference is not None and reference is not result
         }
+        level = result["concurrency"]
+        one = next((r for r in results if r["side"] == "sqs-worker" and r["concurrency"] == level), None)
+        if one is not None and result["side"] == "sqs-worker-p2":  # processes: 2 against 1, same concurrency
+            out[label(result)]["vs sqs-worker"] = ratios(result, one)
     return out
 
 
@@ -525,6 +537,7 @@ def ratio_table(by_repeat: list[dict[str, dict[str, Any]]]) -> str:
         ("req/job vs raw-1", "vs raw-1", "sqs_requests_per_job"),
         ("req/job vs celery best", "vs celery-best", "sqs_requests_per_job"),
         ("p50 ms minus raw-1", "vs raw-1", "trickle_latency_p50_minus_ms"),
+        ("jobs/s vs 1 process", "vs sqs-worker", "jobs_per_s"),
     ]
     sides = list(dict.fromkeys(name for repeat in by_repeat for name in repeat))
     lines = ["| side | " + " | ".join(title for title, _, _ in picks) + " |", "|" + "---|" * (len(picks) + 1)]
@@ -561,6 +574,9 @@ def parse_args() -> argparse.Namespace:
         "--pin-cpus", default="", help="CPUs each worker process may use, e.g. 1 or 0,1 (default: any CPU)"
     )
     parser.add_argument("--worker-processes", default="1", help="WORKER_PROCESSES of the sqs-worker side")
+    parser.add_argument(
+        "--job-cpu-ms", type=float, default=0.0, help="sqs-worker sides: handlers burn this much CPU per job"
+    )
     parser.add_argument("--celery-prefetch-multiplier", type=int, default=1)
     parser.add_argument("--trickle-jobs", type=int, default=100, help="0: skip the latency phase")
     parser.add_argument("--trickle-rate-per-s", type=float, default=20.0)
@@ -580,6 +596,7 @@ SIDES = {
     "raw-1": Side("raw-1", "raw", threads=1),
     "raw-4": Side("raw-4", "raw", threads=4),
     "sqs-worker": Side("sqs-worker", "sqs-worker"),
+    "sqs-worker-p2": Side("sqs-worker-p2", "sqs-worker", processes="2"),
     "celery-threads": Side("celery-threads", "celery", "threads"),
     "celery-prefork": Side("celery-prefork", "celery", "prefork"),
 }
