@@ -44,6 +44,8 @@ LEDGER_RETRY_S = 10
 INTERNAL_ERROR_RETRY_S = 30
 #: A receive still unanswered after this gives its slots back to the other receive loops (see _receive_loop).
 HEDGE_AFTER_S = 0.05
+#: While the queue is busy, how long a receive loop waits for a full batch of free slots (see Slots.reserve).
+FILL_WAIT_S = 0.01
 #: After the shutdown grace, how long a plain ``def`` handler still running in its thread may still finish (and
 #: its message be acknowledged) before the process exits without it.
 THREAD_FINISH_WAIT_S = 2.0
@@ -136,7 +138,7 @@ class Worker:
         (``_place_later``). A failed receive pauses its loop by the RECEIVE budget of ``worker.budgets``."""
         failures = 0  # failed receives in a row
         while not self._stopping:
-            reservation = await self._slots.reserve(10)
+            reservation = await self._slots.reserve(10, fill_wait_s=FILL_WAIT_S if self._queue_busy else 0.0)
             receive = asyncio.ensure_future(
                 self.queue.receive(
                     max_messages=reservation.count,
