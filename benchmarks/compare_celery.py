@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 import boto3  # noqa: E402
 
 from benchmarks import effects  # noqa: E402
-from benchmarks.countproxy import CountingProxy, Tally  # noqa: E402
+from benchmarks.countproxy import NO_FAULTS, CountingProxy, FaultRates, Tally  # noqa: E402
 from tests.support.backends import Backend, start_localstack  # noqa: E402
 from worker.ops.bootstrap import ensure_queues  # noqa: E402
 from worker.producer import Job, enqueue, enqueue_many  # noqa: E402
@@ -68,6 +68,8 @@ class Side:
     pool: str = ""
     threads: int = 0  # raw boto3 loop: its threads
     processes: str = ""  # sqs-worker: WORKER_PROCESSES (default: --worker-processes)
+    idempotency: bool = False  # sqs-worker: jobs carry idempotency keys, WORKER_IDEMPOTENCY_TABLE is set
+    baseline: bool = False  # sqs-worker: the worker package of --baseline-src
 
 
 @dataclass
@@ -175,12 +177,20 @@ def celery_send(run: Run, endpoint_url: str, jobs: int, rate_per_s: float, timeo
 
 
 def sqs_worker_send(client: Any, run: Run, jobs: int, rate_per_s: float, cpu_ms: float = 0.0) -> None:
+    def key() -> str | None:  # with idempotency: a key of its own per job
+        return uuid.uuid4().hex if run.side.idempotency else None
+
+    if rate_per_s <= 0 and cpu_ms < 0:  # I/O-bound handlers waiting -cpu_ms ms (benchmarks/noop_handlers.py: nap)
+        payload = {"sleep_s": -cpu_ms / 1000}
+        batch = [Job("nap", {"n": n, "sent_at": time.time(), **payload}, key()) for n in range(jobs)]
+        enqueue_many(client, run.queue_url, batch)
+        return
     if rate_per_s <= 0 and cpu_ms > 0:  # CPU-bound handlers (benchmarks/noop_handlers.py: burn)
-        batch = [Job("burn", {"n": n, "sent_at": time.time(), "cpu_ms": cpu_ms}) for n in range(jobs)]
+        batch = [Job("burn", {"n": n, "sent_at": time.time(), "cpu_ms": cpu_ms}, key()) for n in range(jobs)]
         enqueue_many(client, run.queue_url, batch)
         return
     if rate_per_s <= 0:
-        batch = [Job("noop", {"n": n, "sent_at": time.time()}) for n in range(jobs)]
+        batch = [Job("noop", {"n": n, "sent_at": time.time()}, key()) for n in range(jobs)]
         enqueue_many(client, run.queue_url, batch)
         return
     started = time.monotonic()
@@ -188,7 +198,7 @@ def sqs_worker_send(client: Any, run: Run, jobs: int, rate_per_s: float, cpu_ms:
         pause_s = started + n / rate_per_s - time.monotonic()
         if pause_s > 0:
             time.sleep(pause_s)  # pacing a producer: there is no event to await
-        enqueue(client, run.queue_url, Job("noop", {"n": n, "sent_at": time.time()}))
+        enqueue(client, run.queue_url, Job("noop", {"n": n, "sent_at": time.time()}, key()))
 
 
 def send(
@@ -235,12 +245,16 @@ def worker_command(run: Run, proxy_url: str, args: argparse.Namespace) -> tuple[
             "WORKER_HEALTH_FILE": str(run.workdir / "health"),
         }
     )
+    if run.side.baseline:  # another checkout's worker package first on the path (a before/after pair in one run)
+        env["PYTHONPATH"] = f"{args.baseline_src}{os.pathsep}{ROOT}"
+    if run.side.idempotency:
+        env["WORKER_IDEMPOTENCY_TABLE"] = f"{run.queue_name}-idempotency"
     processes = run.side.processes or args.worker_processes
     if processes != "1":
         env["WORKER_PROCESSES"] = processes
     if args.profile_dir:  # cProfile of the whole process, written at its clean exit (SIGTERM)
         out = args.profile_dir / f"sqs-worker-c{args.concurrency}-{uuid.uuid4().hex[:6]}.prof"
-        return [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "worker.commands", "run"], env
+        return [sys.executable, str(ROOT / "benchmarks" / "cpu_profile.py"), str(out), "run"], env
     return [str(SQS_WORKER_BIN), "run"], env
 
 
@@ -330,14 +344,37 @@ def percentile_ms(values: list[float], fraction: float) -> float:
     return round(1000 * ordered[int(fraction * (len(ordered) - 1))], 1) if ordered else 0.0
 
 
+DYNAMODB_WRITES = ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems")
+DYNAMODB_READS = ("GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems", "DescribeTable", "DescribeTimeToLive")
+
+
 def requests_summary(tally: Tally, jobs: int) -> dict[str, Any]:
-    total = sum(tally.counts.values())
+    dynamodb = DYNAMODB_WRITES + DYNAMODB_READS
+    total = sum(count for action, count in tally.counts.items() if action not in dynamodb)
+    writes = sum(tally.counts.get(action, 0) for action in DYNAMODB_WRITES)
     return {
         "sqs_requests": total,
         "sqs_requests_per_job": round(total / jobs, 3),
+        "dynamodb_writes_per_job": round(writes / jobs, 3),
         "requests_by_action": dict(sorted(tally.counts.items())),
         "request_errors": tally.errors,
     }
+
+
+def create_ledger_table(endpoint_url: str, name: str) -> None:
+    """The idempotency table of a side with idempotency on, made straight on LocalStack (not counted)."""
+    import asyncio
+
+    from aiobotocore.session import get_session
+
+    from worker.idempotency.dynamodb import create_table
+
+    async def create() -> None:
+        region = os.environ["AWS_REGION"]
+        async with get_session().create_client("dynamodb", region_name=region, endpoint_url=endpoint_url) as client:
+            await create_table(client, name)
+
+    asyncio.run(create())
 
 
 def starts_span(run: Run, jobs: int) -> dict[str, float]:
@@ -385,7 +422,10 @@ def prepare(side: Side, client: Any, endpoint_url: str, args: argparse.Namespace
     workdir = scratch / side.name
     workdir.mkdir()
     run = Run(side, queue_name, created.queue_url, workdir, workdir / "effects.txt", workdir / "worker.log")
-    send(client, run, endpoint_url, args.jobs, 0.0, args.timeout_s, args.job_cpu_ms)
+    if side.idempotency:
+        create_ledger_table(endpoint_url, f"{queue_name}-idempotency")
+    cpu_ms = -1000 * args.job_sleep_s if args.job_sleep_s else args.job_cpu_ms
+    send(client, run, endpoint_url, args.jobs, 0.0, args.timeout_s, cpu_ms)
     if queue_depth(client, run.queue_url) != args.jobs:
         raise RuntimeError(f"{side.name}: preload left {queue_depth(client, run.queue_url)} messages, not {args.jobs}")
     return run
@@ -394,7 +434,8 @@ def prepare(side: Side, client: Any, endpoint_url: str, args: argparse.Namespace
 def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     client = boto3.client("sqs", endpoint_url=endpoint_url, region_name=os.environ["AWS_REGION"])
     run = prepare(side, client, endpoint_url, args, scratch)
-    proxy = None if args.no_proxy else CountingProxy(endpoint_url)
+    delay = FaultRates(delay=1.0, delay_s=args.endpoint_delay_ms / 1000) if args.endpoint_delay_ms else NO_FAULTS
+    proxy = None if args.no_proxy else CountingProxy(endpoint_url, rates=delay)
     try:
         if proxy is not None:
             proxy.start()
@@ -423,6 +464,9 @@ def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratc
             result.update(drain_figures(proxy.snapshot(), run, args.jobs))
             proxy.reset()
         result.update(starts_span(run, args.jobs))
+        if args.job_sleep_s and "drain_s" in result:  # the share of slot-time spent inside handlers
+            busy_s = args.jobs * args.job_sleep_s
+            result["handler_utilization"] = round(busy_s / (args.concurrency * result["drain_s"]), 3)
         if proxy is not None:  # the first ReceiveMessage marks the end of startup
             result["cpu_startup_s"] = round(cpu_startup_s, 2)
             result["cpu_drain_s"] = round(cpu_drain_s, 2)
@@ -499,7 +543,7 @@ def repeat_ratios(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         }
         level = result["concurrency"]
         one = next((r for r in results if r["side"] == "sqs-worker" and r["concurrency"] == level), None)
-        if one is not None and result["side"] == "sqs-worker-p2":  # processes: 2 against 1, same concurrency
+        if one is not None and result["side"] in ("sqs-worker-p2", "sqs-worker-idem", "sqs-worker-base"):
             out[label(result)]["vs sqs-worker"] = ratios(result, one)
     return out
 
@@ -519,6 +563,9 @@ def table(results: list[dict[str, Any]]) -> str:
         ("trickle p50 ms", lambda r: r.get("trickle", {}).get("latency_p50_ms", "")),
         ("trickle p95 ms", lambda r: r.get("trickle", {}).get("latency_p95_ms", "")),
         ("trickle req/job", lambda r: r.get("trickle", {}).get("sqs_requests_per_job", "")),
+        ("ddb writes/job", lambda r: r.get("dynamodb_writes_per_job", "")),
+        ("handler util", lambda r: r.get("handler_utilization", "")),
+        ("RSS MB", lambda r: r["peak_rss_sum_mb"]),
     ]
     lines = ["| " + " | ".join(name for name, _ in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(str(get(r)) for _, get in columns) + " |" for r in results]
@@ -537,7 +584,7 @@ def ratio_table(by_repeat: list[dict[str, dict[str, Any]]]) -> str:
         ("req/job vs raw-1", "vs raw-1", "sqs_requests_per_job"),
         ("req/job vs celery best", "vs celery-best", "sqs_requests_per_job"),
         ("p50 ms minus raw-1", "vs raw-1", "trickle_latency_p50_minus_ms"),
-        ("jobs/s vs 1 process", "vs sqs-worker", "jobs_per_s"),
+        ("jobs/s vs sqs-worker (1 process, no idempotency)", "vs sqs-worker", "jobs_per_s"),
     ]
     sides = list(dict.fromkeys(name for repeat in by_repeat for name in repeat))
     lines = ["| side | " + " | ".join(title for title, _, _ in picks) + " |", "|" + "---|" * (len(picks) + 1)]
@@ -577,12 +624,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--job-cpu-ms", type=float, default=0.0, help="sqs-worker sides: handlers burn this much CPU per job"
     )
+    parser.add_argument("--endpoint-delay-ms", type=float, default=0.0, help="the proxy delays every request this long")
+    parser.add_argument(
+        "--job-sleep-s", type=float, default=0.0, help="sqs-worker sides: handlers wait this long (jobs in flight)"
+    )
     parser.add_argument("--celery-prefetch-multiplier", type=int, default=1)
     parser.add_argument("--trickle-jobs", type=int, default=100, help="0: skip the latency phase")
     parser.add_argument("--trickle-rate-per-s", type=float, default=20.0)
     parser.add_argument("--timeout-s", type=float, default=600.0, help="bound on every wait")
     parser.add_argument("--json-out", type=Path)
     parser.add_argument("--profile-dir", type=Path, help="run the sqs-worker side under cProfile, writing here")
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="a folder holding another version's worker package (git archive REV worker | tar -x -C DIR): "
+        "the sqs-worker-base side runs it",
+    )
     parser.add_argument(
         "--no-proxy",
         action="store_true",
@@ -597,6 +654,8 @@ SIDES = {
     "raw-4": Side("raw-4", "raw", threads=4),
     "sqs-worker": Side("sqs-worker", "sqs-worker"),
     "sqs-worker-p2": Side("sqs-worker-p2", "sqs-worker", processes="2"),
+    "sqs-worker-idem": Side("sqs-worker-idem", "sqs-worker", idempotency=True),
+    "sqs-worker-base": Side("sqs-worker-base", "sqs-worker", baseline=True),
     "celery-threads": Side("celery-threads", "celery", "threads"),
     "celery-prefork": Side("celery-prefork", "celery", "prefork"),
 }

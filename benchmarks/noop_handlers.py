@@ -5,6 +5,7 @@ It does what the Celery task in benchmarks/celery_app.py does: record one line i
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -23,4 +24,11 @@ async def burn(payload: dict[str, Any], ctx: JobContext) -> None:
     until = time.thread_time() + float(payload["cpu_ms"]) / 1000
     while time.thread_time() < until:
         pass
+    record(float(payload["sent_at"]))
+
+
+@job("nap", max_attempts=3, timeout_s=60)
+async def nap(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Wait ``sleep_s`` (an I/O-bound handler: many jobs in flight at once), then record like the no-op."""
+    await asyncio.sleep(float(payload["sleep_s"]))
     record(float(payload["sent_at"]))
