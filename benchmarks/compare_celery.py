@@ -241,7 +241,7 @@ def worker_command(run: Run, proxy_url: str, args: argparse.Namespace) -> tuple[
             "WORKER_CONCURRENCY": str(args.concurrency),
             "WORKER_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),
             "WORKER_METRICS": "off",
-            "WORKER_LOG_LEVEL": "WARNING",
+            "WORKER_LOG_LEVEL": args.log_level,
             "WORKER_HEALTH_FILE": str(run.workdir / "health"),
         }
     )
@@ -621,6 +621,9 @@ def parse_args() -> argparse.Namespace:
         "--pin-cpus", default="", help="CPUs each worker process may use, e.g. 1 or 0,1 (default: any CPU)"
     )
     parser.add_argument("--worker-processes", default="1", help="WORKER_PROCESSES of the sqs-worker side")
+    parser.add_argument(
+        "--log-level", default="WARNING", help="WORKER_LOG_LEVEL of the sqs-worker sides (INFO: two lines a job)"
+    )
     parser.add_argument(
         "--job-cpu-ms", type=float, default=0.0, help="sqs-worker sides: handlers burn this much CPU per job"
     )

@@ -161,10 +161,7 @@ class Supervisor:
 
     def liveness(self) -> HealthStatus:
         now = time.time()
-        members = [
-            (child.index, self._child_liveness(child, now)) for child in self.children if child.process is not None
-        ]
-        return group_status(members, "are live") if members else HealthStatus(False, "starting", {})
+        return group_status([(child.index, self._child_liveness(child, now)) for child in self.children], "are live")
 
     def readiness(self) -> HealthStatus:
         live = self.liveness()
@@ -173,7 +170,9 @@ class Supervisor:
         return group_status([(child.index, child.ready) for child in self.children], "are ready")
 
     def _child_liveness(self, child: Child, now: float) -> HealthStatus:
-        if child.process is None or child.process.returncode is not None:
+        if child.process is None:
+            return HealthStatus(False, "not started yet", {})
+        if child.process.returncode is not None:
             return HealthStatus(False, "not running (restarting)", {})
         return check_liveness_file(child.health_file, max_age_s=self.settings.health_max_age_s, now_epoch_s=now)
 
@@ -249,6 +248,8 @@ class Supervisor:
     async def _keep_running(self, child: Child) -> None:
         """Start ``child``, start it again whenever it dies while the group runs; on stop, wait for its exit."""
         while not self.stop.is_set():
+            with contextlib.suppress(OSError):  # a dead child's file would vouch for the new one until it turns
+                os.unlink(child.health_file)
             child.process = await asyncio.create_subprocess_exec(
                 *self.command, env=self._child_env(child), preexec_fn=die_with_parent
             )
