@@ -665,6 +665,7 @@ SIDES = {
     "sqs-worker-p2": Side("sqs-worker-p2", "sqs-worker", processes="2"),
     "sqs-worker-idem": Side("sqs-worker-idem", "sqs-worker", idempotency=True),
     "sqs-worker-base": Side("sqs-worker-base", "sqs-worker", baseline=True),
+    "sqs-worker-base-idem": Side("sqs-worker-base-idem", "sqs-worker", baseline=True, idempotency=True),
     "celery-threads": Side("celery-threads", "celery", "threads"),
     "celery-prefork": Side("celery-prefork", "celery", "prefork"),
 }
