@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 import boto3  # noqa: E402
 
 from benchmarks import effects  # noqa: E402
-from benchmarks.countproxy import CountingProxy, Tally  # noqa: E402
+from benchmarks.countproxy import NO_FAULTS, CountingProxy, FaultRates, Tally  # noqa: E402
 from tests.support.backends import Backend, start_localstack  # noqa: E402
 from worker.ops.bootstrap import ensure_queues  # noqa: E402
 from worker.producer import Job, enqueue, enqueue_many  # noqa: E402
@@ -64,8 +64,12 @@ DELETE_ACTIONS = ("DeleteMessage", "DeleteMessageBatch")
 @dataclass(frozen=True)
 class Side:
     name: str
-    kind: str  # "sqs-worker" | "celery"
+    kind: str  # "sqs-worker" | "celery" | "raw"
     pool: str = ""
+    threads: int = 0  # raw boto3 loop: its threads
+    processes: str = ""  # sqs-worker: WORKER_PROCESSES (default: --worker-processes)
+    idempotency: bool = False  # sqs-worker: jobs carry idempotency keys, WORKER_IDEMPOTENCY_TABLE is set
+    baseline: bool = False  # sqs-worker: the worker package of --baseline-src
 
 
 @dataclass
@@ -172,9 +176,21 @@ def celery_send(run: Run, endpoint_url: str, jobs: int, rate_per_s: float, timeo
         raise RuntimeError(f"celery send failed ({done.returncode}): {done.stderr.decode()[-2000:]}")
 
 
-def sqs_worker_send(client: Any, run: Run, jobs: int, rate_per_s: float) -> None:
+def sqs_worker_send(client: Any, run: Run, jobs: int, rate_per_s: float, cpu_ms: float = 0.0) -> None:
+    def key() -> str | None:  # with idempotency: a key of its own per job
+        return uuid.uuid4().hex if run.side.idempotency else None
+
+    if rate_per_s <= 0 and cpu_ms < 0:  # I/O-bound handlers waiting -cpu_ms ms (benchmarks/noop_handlers.py: nap)
+        payload = {"sleep_s": -cpu_ms / 1000}
+        batch = [Job("nap", {"n": n, "sent_at": time.time(), **payload}, key()) for n in range(jobs)]
+        enqueue_many(client, run.queue_url, batch)
+        return
+    if rate_per_s <= 0 and cpu_ms > 0:  # CPU-bound handlers (benchmarks/noop_handlers.py: burn)
+        batch = [Job("burn", {"n": n, "sent_at": time.time(), "cpu_ms": cpu_ms}, key()) for n in range(jobs)]
+        enqueue_many(client, run.queue_url, batch)
+        return
     if rate_per_s <= 0:
-        batch = [Job("noop", {"n": n, "sent_at": time.time()}) for n in range(jobs)]
+        batch = [Job("noop", {"n": n, "sent_at": time.time()}, key()) for n in range(jobs)]
         enqueue_many(client, run.queue_url, batch)
         return
     started = time.monotonic()
@@ -182,18 +198,24 @@ def sqs_worker_send(client: Any, run: Run, jobs: int, rate_per_s: float) -> None
         pause_s = started + n / rate_per_s - time.monotonic()
         if pause_s > 0:
             time.sleep(pause_s)  # pacing a producer: there is no event to await
-        enqueue(client, run.queue_url, Job("noop", {"n": n, "sent_at": time.time()}))
+        enqueue(client, run.queue_url, Job("noop", {"n": n, "sent_at": time.time()}, key()))
 
 
-def send(client: Any, run: Run, endpoint_url: str, jobs: int, rate_per_s: float, timeout_s: float) -> None:
+def send(
+    client: Any, run: Run, endpoint_url: str, jobs: int, rate_per_s: float, timeout_s: float, cpu_ms: float = 0.0
+) -> None:
     """Enqueue straight into LocalStack (``endpoint_url``), outside the counting proxy."""
     if run.side.kind == "celery":
         celery_send(run, endpoint_url, jobs, rate_per_s, timeout_s)
     else:
-        sqs_worker_send(client, run, jobs, rate_per_s)
+        sqs_worker_send(client, run, jobs, rate_per_s, cpu_ms)
 
 
 def worker_command(run: Run, proxy_url: str, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    if run.side.kind == "raw":
+        env = base_env(run)
+        env.update({"AWS_ENDPOINT_URL": proxy_url, "BENCH_QUEUE_URL": run.queue_url})
+        return [sys.executable, str(ROOT / "benchmarks" / "rawloop.py"), "--threads", str(run.side.threads)], env
     if run.side.kind == "celery":
         command = [
             str(CELERY_VENV / "bin" / "celery"),
@@ -219,10 +241,20 @@ def worker_command(run: Run, proxy_url: str, args: argparse.Namespace) -> tuple[
             "WORKER_CONCURRENCY": str(args.concurrency),
             "WORKER_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),
             "WORKER_METRICS": "off",
-            "WORKER_LOG_LEVEL": "WARNING",
+            "WORKER_LOG_LEVEL": args.log_level,
             "WORKER_HEALTH_FILE": str(run.workdir / "health"),
         }
     )
+    if run.side.baseline:  # another checkout's worker package first on the path (a before/after pair in one run)
+        env["PYTHONPATH"] = f"{args.baseline_src}{os.pathsep}{ROOT}"
+    if run.side.idempotency:
+        env["WORKER_IDEMPOTENCY_TABLE"] = f"{run.queue_name}-idempotency"
+    processes = run.side.processes or args.worker_processes
+    if processes != "1":
+        env["WORKER_PROCESSES"] = processes
+    if args.profile_dir:  # cProfile of the whole process, written at its clean exit (SIGTERM)
+        out = args.profile_dir / f"sqs-worker-c{args.concurrency}-{uuid.uuid4().hex[:6]}.prof"
+        return [sys.executable, str(ROOT / "benchmarks" / "cpu_profile.py"), str(out), "run"], env
     return [str(SQS_WORKER_BIN), "run"], env
 
 
@@ -312,21 +344,47 @@ def percentile_ms(values: list[float], fraction: float) -> float:
     return round(1000 * ordered[int(fraction * (len(ordered) - 1))], 1) if ordered else 0.0
 
 
+DYNAMODB_WRITES = ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems")
+DYNAMODB_READS = ("GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems", "DescribeTable", "DescribeTimeToLive")
+
+
 def requests_summary(tally: Tally, jobs: int) -> dict[str, Any]:
-    total = sum(tally.counts.values())
+    dynamodb = DYNAMODB_WRITES + DYNAMODB_READS
+    total = sum(count for action, count in tally.counts.items() if action not in dynamodb)
+    writes = sum(tally.counts.get(action, 0) for action in DYNAMODB_WRITES)
     return {
         "sqs_requests": total,
         "sqs_requests_per_job": round(total / jobs, 3),
+        "dynamodb_writes_per_job": round(writes / jobs, 3),
         "requests_by_action": dict(sorted(tally.counts.items())),
         "request_errors": tally.errors,
     }
+
+
+def create_ledger_table(endpoint_url: str, name: str) -> None:
+    """The idempotency table of a side with idempotency on, made straight on LocalStack (not counted)."""
+    import asyncio
+
+    from aiobotocore.session import get_session
+
+    from worker.idempotency.dynamodb import create_table
+
+    async def create() -> None:
+        region = os.environ["AWS_REGION"]
+        async with get_session().create_client("dynamodb", region_name=region, endpoint_url=endpoint_url) as client:
+            await create_table(client, name)
+
+    asyncio.run(create())
 
 
 def starts_span(run: Run, jobs: int) -> dict[str, float]:
     """Timing from the side channel alone (no proxy needed): first to last start of the preloaded jobs."""
     starts = sorted(started for _, started in effects.read(run.effects_file)[:jobs])
     span_s = starts[-1] - starts[0]
+    low, high = starts[len(starts) // 10], starts[(9 * len(starts)) // 10]
     return {
+        # the middle 80% of starts: steady state, without the startup of (several) processes or the tail
+        "jobs_per_s_steady": round(0.8 * jobs / (high - low), 1) if high > low else 0.0,
         "starts_span_s": round(span_s, 3),
         "jobs_per_s_by_starts": round((jobs - 1) / span_s, 1) if span_s > 0 else 0.0,
         "spawn_to_first_start_s": round(starts[0] - run.spawned_at, 3),
@@ -367,7 +425,10 @@ def prepare(side: Side, client: Any, endpoint_url: str, args: argparse.Namespace
     workdir = scratch / side.name
     workdir.mkdir()
     run = Run(side, queue_name, created.queue_url, workdir, workdir / "effects.txt", workdir / "worker.log")
-    send(client, run, endpoint_url, args.jobs, 0.0, args.timeout_s)
+    if side.idempotency:
+        create_ledger_table(endpoint_url, f"{queue_name}-idempotency")
+    cpu_ms = -1000 * args.job_sleep_s if args.job_sleep_s else args.job_cpu_ms
+    send(client, run, endpoint_url, args.jobs, 0.0, args.timeout_s, cpu_ms)
     if queue_depth(client, run.queue_url) != args.jobs:
         raise RuntimeError(f"{side.name}: preload left {queue_depth(client, run.queue_url)} messages, not {args.jobs}")
     return run
@@ -376,7 +437,8 @@ def prepare(side: Side, client: Any, endpoint_url: str, args: argparse.Namespace
 def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     client = boto3.client("sqs", endpoint_url=endpoint_url, region_name=os.environ["AWS_REGION"])
     run = prepare(side, client, endpoint_url, args, scratch)
-    proxy = None if args.no_proxy else CountingProxy(endpoint_url)
+    delay = FaultRates(delay=1.0, delay_s=args.endpoint_delay_ms / 1000) if args.endpoint_delay_ms else NO_FAULTS
+    proxy = None if args.no_proxy else CountingProxy(endpoint_url, rates=delay)
     try:
         if proxy is not None:
             proxy.start()
@@ -384,10 +446,17 @@ def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratc
         with run.log_file.open("wb") as log:
             run.spawned_at = time.time()
             run.process = subprocess.Popen(  # noqa: S603 - our own fixed command line
-                command, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+                command,
+                env=env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                preexec_fn=pin_to(args.pin_cpus),
             )
         sampler = Sampler(run.process.pid)
-        result: dict[str, Any] = {"side": side.name, "jobs": args.jobs, "concurrency": args.concurrency}
+        result: dict[str, Any] = {"side": side.name, "jobs": args.jobs, "concurrency": concurrency_of(side, args)}
         cpu_startup_s = 0.0
         if proxy is not None:
             wait_first_receive(proxy, run, args.timeout_s)
@@ -398,6 +467,9 @@ def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratc
             result.update(drain_figures(proxy.snapshot(), run, args.jobs))
             proxy.reset()
         result.update(starts_span(run, args.jobs))
+        if args.job_sleep_s and "drain_s" in result:  # the share of slot-time spent inside handlers
+            busy_s = args.jobs * args.job_sleep_s
+            result["handler_utilization"] = round(busy_s / (args.concurrency * result["drain_s"]), 3)
         if proxy is not None:  # the first ReceiveMessage marks the end of startup
             result["cpu_startup_s"] = round(cpu_startup_s, 2)
             result["cpu_drain_s"] = round(cpu_drain_s, 2)
@@ -423,26 +495,71 @@ def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratc
 
 # ---------------------------------------------------------------- report
 
+#: Figures compared across sides; for each, which way is better (True: more is better).
+FIGURES = {
+    "jobs_per_s": True,
+    "jobs_per_s_steady": True,
+    "jobs_per_s_by_starts": True,
+    "sqs_requests_per_job": False,
+    "cpu_ms_per_job": False,
+    "peak_pss_mb": False,
+}
+RAW_SIDES = ("raw-1", "raw-4")
+CELERY_SIDES = ("celery-threads", "celery-prefork")
+
 
 def ratio(a: float, b: float) -> float | None:
     return round(a / b, 2) if b else None
 
 
 def ratios(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    """sqs-worker / other, per figure (above 1: sqs-worker has more of it)."""
-    names = ["jobs_per_s", "jobs_per_s_by_starts", "sqs_requests_per_job", "cpu_ms_per_job", "peak_pss_mb"]
-    out = {name: ratio(base[name], other[name]) for name in names if name in base and name in other}
+    """base / other, per figure (above 1: base has more of it); latency also as a difference in ms."""
+    out = {name: ratio(base[name], other[name]) for name in FIGURES if name in base and name in other}
     if "trickle" in base and "trickle" in other:
         out["trickle_latency_p50_ms"] = ratio(base["trickle"]["latency_p50_ms"], other["trickle"]["latency_p50_ms"])
+        out["trickle_latency_p50_minus_ms"] = round(
+            base["trickle"]["latency_p50_ms"] - other["trickle"]["latency_p50_ms"], 1
+        )
+    return out
+
+
+def label(result: dict[str, Any]) -> str:
+    side = str(result["side"])
+    return side if side in RAW_SIDES else f"{side}@{result['concurrency']}"
+
+
+def best_celery(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The Celery run with the most jobs/s in one repeat (its best pool and concurrency)."""
+    celery = [r for r in results if r["side"] in CELERY_SIDES and "jobs_per_s" in r]
+    return max(celery, key=lambda r: r["jobs_per_s"], default=None)
+
+
+def repeat_ratios(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every side of one repeat against the raw loops and Celery's best run of the same repeat."""
+    references = {side: next((r for r in results if r["side"] == side), None) for side in RAW_SIDES}
+    references["celery-best"] = best_celery(results)
+    out: dict[str, dict[str, Any]] = {}
+    for result in results:
+        out[label(result)] = {
+            f"vs {name}": ratios(result, reference)
+            for name, reference in references.items()
+            if reference is not None and reference is not result
+        }
+        level = result["concurrency"]
+        one = next((r for r in results if r["side"] == "sqs-worker" and r["concurrency"] == level), None)
+        if one is not None and result["side"] in ("sqs-worker-p2", "sqs-worker-idem", "sqs-worker-base"):
+            out[label(result)]["vs sqs-worker"] = ratios(result, one)
     return out
 
 
 def table(results: list[dict[str, Any]]) -> str:
     columns: list[tuple[str, Callable[[dict[str, Any]], object]]] = [
-        ("side", lambda r: r["side"]),
+        ("side", label),
+        ("repeat", lambda r: r.get("repeat", 0)),
         ("jobs/s", lambda r: r.get("jobs_per_s", "")),
         ("drain s", lambda r: r.get("drain_s", "")),
         ("jobs/s by starts", lambda r: r["jobs_per_s_by_starts"]),
+        ("steady jobs/s", lambda r: r["jobs_per_s_steady"]),
         ("req/job", lambda r: r.get("sqs_requests_per_job", "")),
         ("cpu ms/job", lambda r: r.get("cpu_ms_per_job", "")),
         ("PSS MB", lambda r: r["peak_pss_mb"]),
@@ -451,23 +568,87 @@ def table(results: list[dict[str, Any]]) -> str:
         ("trickle p50 ms", lambda r: r.get("trickle", {}).get("latency_p50_ms", "")),
         ("trickle p95 ms", lambda r: r.get("trickle", {}).get("latency_p95_ms", "")),
         ("trickle req/job", lambda r: r.get("trickle", {}).get("sqs_requests_per_job", "")),
+        ("ddb writes/job", lambda r: r.get("dynamodb_writes_per_job", "")),
+        ("handler util", lambda r: r.get("handler_utilization", "")),
+        ("RSS MB", lambda r: r["peak_rss_sum_mb"]),
     ]
     lines = ["| " + " | ".join(name for name, _ in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(str(get(r)) for _, get in columns) + " |" for r in results]
     return "\n".join(lines)
 
 
+def ratio_table(by_repeat: list[dict[str, dict[str, Any]]]) -> str:
+    """Per side, the ratios of every repeat (min..max when repeated): jobs/s and CPU to the raw loops and Celery."""
+    picks = [
+        ("jobs/s vs raw-4", "vs raw-4", "jobs_per_s"),
+        ("jobs/s vs raw-1", "vs raw-1", "jobs_per_s"),
+        ("jobs/s vs celery best", "vs celery-best", "jobs_per_s"),
+        ("cpu/job vs raw-1", "vs raw-1", "cpu_ms_per_job"),
+        ("cpu/job vs raw-4", "vs raw-4", "cpu_ms_per_job"),
+        ("cpu/job vs celery best", "vs celery-best", "cpu_ms_per_job"),
+        ("req/job vs raw-1", "vs raw-1", "sqs_requests_per_job"),
+        ("req/job vs celery best", "vs celery-best", "sqs_requests_per_job"),
+        ("p50 ms minus raw-1", "vs raw-1", "trickle_latency_p50_minus_ms"),
+        ("jobs/s vs sqs-worker (1 process, no idempotency)", "vs sqs-worker", "jobs_per_s"),
+        ("steady jobs/s vs sqs-worker", "vs sqs-worker", "jobs_per_s_steady"),
+    ]
+    sides = list(dict.fromkeys(name for repeat in by_repeat for name in repeat))
+    lines = ["| side | " + " | ".join(title for title, _, _ in picks) + " |", "|" + "---|" * (len(picks) + 1)]
+    for side in sides:
+        cells = []
+        for _, versus, figure in picks:
+            values = [
+                repeat[side][versus][figure]
+                for repeat in by_repeat
+                if side in repeat and versus in repeat[side] and repeat[side][versus].get(figure) is not None
+            ]
+            cells.append(spread(values))
+        lines.append(f"| {side} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    return f"{low:g}" if low == high else f"{low:g}..{high:g}"
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--endpoint-url", help="a running LocalStack (default: start one for the run)")
     parser.add_argument("--jobs", type=int, default=500)
-    parser.add_argument("--concurrency", type=int, default=20)
-    parser.add_argument("--sides", default="sqs-worker,celery-threads,celery-prefork")
+    parser.add_argument(
+        "--concurrency", default="20", help="one or more, comma-separated (sqs-worker and Celery run at each)"
+    )
+    parser.add_argument("--sides", default="raw-1,raw-4,sqs-worker,celery-threads,celery-prefork")
+    parser.add_argument("--repeats", type=int, default=1, help="run every side this many times (shows the spread)")
+    parser.add_argument(
+        "--pin-cpus", default="", help="CPUs each worker process may use, e.g. 1 or 0,1 (default: any CPU)"
+    )
+    parser.add_argument("--worker-processes", default="1", help="WORKER_PROCESSES of the sqs-worker side")
+    parser.add_argument(
+        "--log-level", default="WARNING", help="WORKER_LOG_LEVEL of the sqs-worker sides (INFO: two lines a job)"
+    )
+    parser.add_argument(
+        "--job-cpu-ms", type=float, default=0.0, help="sqs-worker sides: handlers burn this much CPU per job"
+    )
+    parser.add_argument("--endpoint-delay-ms", type=float, default=0.0, help="the proxy delays every request this long")
+    parser.add_argument(
+        "--job-sleep-s", type=float, default=0.0, help="sqs-worker sides: handlers wait this long (jobs in flight)"
+    )
     parser.add_argument("--celery-prefetch-multiplier", type=int, default=1)
     parser.add_argument("--trickle-jobs", type=int, default=100, help="0: skip the latency phase")
     parser.add_argument("--trickle-rate-per-s", type=float, default=20.0)
     parser.add_argument("--timeout-s", type=float, default=600.0, help="bound on every wait")
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument("--profile-dir", type=Path, help="run the sqs-worker side under cProfile, writing here")
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="a folder holding another version's worker package (git archive REV worker | tar -x -C DIR): "
+        "the sqs-worker-base side runs it",
+    )
     parser.add_argument(
         "--no-proxy",
         action="store_true",
@@ -478,10 +659,37 @@ def parse_args() -> argparse.Namespace:
 
 
 SIDES = {
+    "raw-1": Side("raw-1", "raw", threads=1),
+    "raw-4": Side("raw-4", "raw", threads=4),
     "sqs-worker": Side("sqs-worker", "sqs-worker"),
+    "sqs-worker-p2": Side("sqs-worker-p2", "sqs-worker", processes="2"),
+    "sqs-worker-idem": Side("sqs-worker-idem", "sqs-worker", idempotency=True),
+    "sqs-worker-base": Side("sqs-worker-base", "sqs-worker", baseline=True),
+    "sqs-worker-base-idem": Side("sqs-worker-base-idem", "sqs-worker", baseline=True, idempotency=True),
     "celery-threads": Side("celery-threads", "celery", "threads"),
     "celery-prefork": Side("celery-prefork", "celery", "prefork"),
 }
+
+
+def concurrency_of(side: Side, args: argparse.Namespace) -> int:
+    return side.threads if side.kind == "raw" else int(args.concurrency)
+
+
+def pin_to(cpus: str) -> Callable[[], None] | None:
+    if not cpus:
+        return None
+    chosen = {int(cpu) for cpu in cpus.split(",")}
+    return lambda: os.sched_setaffinity(0, chosen)
+
+
+def plan(sides: list[Side], args: argparse.Namespace) -> list[tuple[Side, argparse.Namespace]]:
+    """Each side at each concurrency (the raw loops once: their threads are their concurrency)."""
+    runs = []
+    for side in sides:
+        levels = [args.concurrency.split(",")[0]] if side.kind == "raw" else args.concurrency.split(",")
+        for level in levels:
+            runs.append((side, argparse.Namespace(**{**vars(args), "concurrency": int(level)})))
+    return runs
 
 
 def main() -> int:
@@ -497,24 +705,39 @@ def main() -> int:
         celery_python()
     backend: Backend | None = None if args.endpoint_url else start_localstack()
     endpoint_url = args.endpoint_url or (backend.endpoint_url if backend else "")
-    results = []
+    results: list[dict[str, Any]] = []
+    by_repeat: list[dict[str, dict[str, Any]]] = []
+    loads = []
     try:
         with tempfile.TemporaryDirectory(prefix="bench-celery-") as scratch:
-            for side in sides:
-                print(f"measuring {side.name} ...", file=sys.stderr, flush=True)
-                results.append(measure_side(side, endpoint_url, args, Path(scratch)))
+            for repeat in range(args.repeats):
+                this_repeat = []
+                for side, side_args in plan(sides, args):
+                    print(f"repeat {repeat}: {side.name} at {side_args.concurrency} ...", file=sys.stderr, flush=True)
+                    loads.append(os.getloadavg()[0])
+                    workdir = Path(scratch) / f"r{repeat}-c{side_args.concurrency}"
+                    workdir.mkdir(exist_ok=True)
+                    result = measure_side(side, endpoint_url, side_args, workdir)
+                    result["repeat"] = repeat
+                    result["load_avg_1m"] = round(os.getloadavg()[0], 2)
+                    this_repeat.append(result)
+                results.extend(this_repeat)
+                by_repeat.append(repeat_ratios(this_repeat))
     finally:
         if backend is not None:
             backend.stop()
-    base = next((r for r in results if r["side"] == "sqs-worker"), None)
     report = {
         "endpoint": "localstack" + ("" if args.no_proxy else " via counting proxy"),
         "cpus": os.cpu_count(),
-        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "pinned_cpus": args.pin_cpus or "any",
+        "load_avg_1m": {"min": round(min(loads), 2), "max": round(max(loads), 2)} if loads else {},
+        "command": " ".join(sys.argv),
         "results": results,
-        "ratios_sqs_worker_over": {r["side"]: ratios(base, r) for r in results if base and r is not base},
+        "ratios_by_repeat": by_repeat,
     }
     print(table(results))
+    print()
+    print(ratio_table(by_repeat))
     print(json.dumps(report, indent=2))
     if args.json_out:
         args.json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

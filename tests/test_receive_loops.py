@@ -218,3 +218,24 @@ async def test_a_late_answer_on_an_idle_worker_runs_at_once() -> None:
         queue.second_may_answer.set()
         await asyncio.wait_for(second_ran.wait(), timeout=3)  # before the fix: 15 s, then released unrun
     assert ran == [1, 2]
+
+
+async def test_a_busy_receive_waits_briefly_for_a_full_batch_of_slots() -> None:
+    slots = Slots(20)
+    assert slots.take(18) == 18  # 2 free: without a fill wait, a receive would ask for 2 messages
+    receiving = asyncio.create_task(slots.reserve(10, fill_wait_s=5))
+    await asyncio.sleep(0)
+    assert not receiving.done()
+    slots.release(7)
+    await asyncio.sleep(0)
+    assert not receiving.done(), "9 free: still short of a batch"
+    slots.release(1)
+    assert (await asyncio.wait_for(receiving, timeout=1)).count == 10
+    assert slots.free == 0
+
+
+async def test_the_fill_wait_ends_with_what_is_free_at_its_deadline() -> None:
+    slots = Slots(20)
+    assert slots.take(17) == 17
+    reservation = await asyncio.wait_for(slots.reserve(10, fill_wait_s=0.01), timeout=1)
+    assert reservation.count == 3  # long jobs: the receive goes ahead with the slots it has

@@ -80,6 +80,11 @@ class WorkerSettings(BaseSettings):
         default_factory=list, description="Comma-separated importable modules that register handlers with @job."
     )
     concurrency: int = Field(default=10, ge=1, le=1000, description="Jobs running at once.")
+    processes: str = Field(
+        default="1",
+        pattern=r"^(auto|[1-9][0-9]{0,2})$",
+        description="Worker processes under one supervisor (each runs `concurrency` jobs); auto: the usable cores.",
+    )
     visibility_timeout_s: int = Field(
         default=30, ge=5, le=43_200, description="Claim length; heartbeats extend it while a job runs."
     )

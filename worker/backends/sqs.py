@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.backends.aws import resolve_queue_url, translate
+from worker.backends.aws import freeze_user_agent, resolve_queue_url, translate
 from worker.backends.batching import Batcher, EntryFailed
 from worker.backends.protocols import Message
 
@@ -21,12 +21,23 @@ if TYPE_CHECKING:
 
 __all__ = ["Message", "Queue", "redrive_target_url"]
 
+#: The system attributes the worker reads (receive count, enqueue time, FIFO group) and keeps for FIFO messages;
+#: asking for "All" makes SQS send, and botocore parse, more of them with every message.
+SYSTEM_ATTRIBUTES = [
+    "ApproximateReceiveCount",
+    "SentTimestamp",
+    "MessageGroupId",
+    "MessageDeduplicationId",
+    "SequenceNumber",
+]
+
 
 class Queue:
     """One SQS queue (the work queue or its DLQ) behind an injected aiobotocore SQS client (a MessageQueue)."""
 
     def __init__(self, client: SQSClient, url: str, *, batch_delay_s: float = 0.005) -> None:
         self.client = client
+        freeze_user_agent(client)
         self.url = url
         self.is_fifo = url.endswith(".fifo")
         self.name = url.rstrip("/").rsplit("/", 1)[-1]
@@ -45,7 +56,7 @@ class Queue:
                 MaxNumberOfMessages=max(1, min(10, max_messages)),
                 WaitTimeSeconds=wait_s,
                 VisibilityTimeout=visibility_timeout_s,
-                MessageSystemAttributeNames=["All"],
+                MessageSystemAttributeNames=SYSTEM_ATTRIBUTES,  # type: ignore[arg-type]
                 MessageAttributeNames=["All"],
             )
         except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:

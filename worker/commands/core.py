@@ -85,6 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from worker.jobs import default_registry, import_handlers
     from worker.observability.logs import configure_logging
     from worker.runtime.service import serve
+    from worker.runtime.supervisor import resolve_processes, supervise
     from worker.settings import aws_region, load_settings
 
     settings = load_settings()
@@ -92,6 +93,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("WORKER_BACKEND=cloudtasks: Cloud Tasks pushes its tasks; run `sqs-worker serve-tasks`")
     aws_region()
     configure_logging(settings)
+    processes = resolve_processes(settings.processes)
+    if processes > 1:
+        return supervise(settings, processes)
     import_handlers(settings.handlers)
     if not getattr(args, "burst", False):
         asyncio.run(serve(settings, default_registry))

@@ -52,8 +52,11 @@ class Redactor:
         self.fields = tuple(sorted({f.strip().lower().replace("-", "_") for f in fields if f.strip()}))
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._patterns: list[re.Pattern[str]] = []
+        #: Any of the field names, anywhere: every keyed pattern needs one, so text without it skips them all.
+        self._any_field: re.Pattern[str] | None = None
         if self.fields:
             words = "|".join(re.escape(f) for f in self.fields)
+            self._any_field = re.compile(words, re.IGNORECASE)
             key = rf"[\w.-]*(?:{words})[\w.-]*"
             quoted = r"\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'"
             scheme = r"(?:(?:Bearer|Basic|Token|Digest)\s+)?"
@@ -92,8 +95,11 @@ class Redactor:
         """The text with secret values replaced (keyed patterns first, then remembered values)."""
         if not self.fields:
             return text
-        for pattern in self._patterns:
-            text = pattern.sub(self._replace_match, text)
+        if self._any_field is not None and self._any_field.search(text) is not None:
+            for pattern in self._patterns:
+                text = pattern.sub(self._replace_match, text)
+        if not self._seen:
+            return text
         for secret in sorted(self._seen, key=len, reverse=True):  # longest first: no partial leftovers
             if secret in text:
                 text = text.replace(secret, REDACTED)

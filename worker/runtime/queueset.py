@@ -25,8 +25,13 @@ class Route:
 class Receivers:
     """Hands out receives over a set of routes, by the priority policy, from the worker's slots."""
 
-    def __init__(self, routes: Sequence[Route], *, mode: Mode, slots: Slots, hedge_after_s: float) -> None:
+    def __init__(
+        self, routes: Sequence[Route], *, mode: Mode, slots: Slots, hedge_after_s: float, fill_wait_s: float = 0.0
+    ) -> None:
         self.routes = list(routes)
+        #: A single busy queue: how long a receive waits for a full batch of free slots (``Slots.fill``).
+        self.fill_wait_s = fill_wait_s
+        self._busy = False
         self.policy = Priorities([route.weight for route in self.routes], mode=mode)
         self.hedge_after_s = hedge_after_s
         self.answer_times = AnswerTimes(floor_s=hedge_after_s)
@@ -37,6 +42,8 @@ class Receivers:
         """Wait for a slot and a queue that needs a receive; the route, its index and the slots reserved."""
         while True:
             await self.slots.wait_free()
+            if self.policy.single and self._busy and self.fill_wait_s > 0:
+                await self.slots.fill(min(10, self.slots.total), self.fill_wait_s)
             grant = self.policy.next(self.slots.free)
             if grant is not None:
                 return self.routes[grant.index], grant.index, self.slots.reserve_now(grant.count)
@@ -62,6 +69,7 @@ class Receivers:
         self._changed.set()
 
     def answered(self, index: int, *, asked: int, received: int, lent: bool, elapsed_s: float) -> None:
+        self._busy = received > 0
         if received and not lent:
             self.answer_times.observe(elapsed_s)
         self.policy.answered(index, asked=asked, received=received, lent=lent)

@@ -6,6 +6,7 @@ flight (a long poll on an idle queue rarely fills its reservation), else wait fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections import deque
 
@@ -33,16 +34,21 @@ class Slots:
         self.free = total
         self._available = asyncio.Event()
         self._available.set()
+        #: Set on every release: a receive waiting to fill its batch (``fill``) looks again.
+        self._freed = asyncio.Event()
         self._waiters: deque[asyncio.Future[bool]] = deque()
         #: Each waiter's rank (its queue's place in a queue set): a lower rank is served first, FIFO within one.
         self._ranks: dict[asyncio.Future[bool], int] = {}
         #: Reservations of receives in flight (not lent): what a message without a slot may borrow from.
         self._open: list[Reservation] = []
 
-    async def reserve(self, most: int) -> Reservation:
+    async def reserve(self, most: int, *, fill_wait_s: float = 0.0) -> Reservation:
         """Wait until at least one slot is free and no message waits for one, then take up to ``most`` for a
-        receive; ``settle`` it when the receive returns, or ``lend`` it when the receive is slow."""
+        receive; ``settle`` it when the receive returns, or ``lend`` it when the receive is slow. With
+        ``fill_wait_s`` (a busy queue), wait up to that long more for ``most`` slots (see ``fill``)."""
         await self.wait_free()
+        if fill_wait_s > 0:
+            await self.fill(min(most, self.total), fill_wait_s)
         return self.reserve_now(most)
 
     async def wait_free(self) -> None:
@@ -58,6 +64,22 @@ class Slots:
         reservation = Reservation(taken)
         self._open.append(reservation)
         return reservation
+
+    async def fill(self, wanted: int, wait_s: float) -> None:
+        """Until ``wanted`` slots are free (and no message waits for one), for at most ``wait_s``; then until at
+        least one is. A receive on a busy queue asks for a full batch instead of the one or two slots just freed:
+        fewer ReceiveMessage calls per job, and fuller DeleteMessageBatch calls after them."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while self.free < wanted or self._waiters:
+            remaining_s = deadline - asyncio.get_running_loop().time()
+            if remaining_s <= 0:
+                break
+            self._freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), remaining_s)
+        while self.free == 0 or self._waiters:  # the wait may have ended with nothing left for this receive
+            self._available.clear()
+            await self._available.wait()
 
     def settle(self, reservation: Reservation, received: int) -> int:
         """The receive of ``reservation`` returned ``received`` messages: keep a slot for as many as it still
@@ -141,6 +163,7 @@ class Slots:
             waiter = self._waiters.popleft()
             del self._ranks[waiter]
             waiter.set_result(True)
+        self._freed.set()
         self._wake()
 
     def _wake(self) -> None:

@@ -66,6 +66,8 @@ LEDGER_RETRY_S = 10
 INTERNAL_ERROR_RETRY_S = 30
 #: A receive still unanswered after this gives its slots back to the other receive loops (see _receive_loop).
 HEDGE_AFTER_S = 0.05
+#: While the queue is busy, how long a receive loop waits for a full batch of free slots (see Slots.fill).
+FILL_WAIT_S = 0.01
 #: After the shutdown grace, how long a plain ``def`` handler still running in its thread may still finish (and
 #: its message be acknowledged) before the process exits without it.
 THREAD_FINISH_WAIT_S = 2.0
@@ -118,7 +120,9 @@ class Worker:
         self._steps = WorkflowSteps(workflows, queue_name=self.queue.name)
         self._rng = rng or random.Random()
         self._slots = Slots(options.concurrency)
-        self._receivers = Receivers(routes, mode=mode, slots=self._slots, hedge_after_s=HEDGE_AFTER_S)
+        self._receivers = Receivers(
+            routes, mode=mode, slots=self._slots, hedge_after_s=HEDGE_AFTER_S, fill_wait_s=FILL_WAIT_S
+        )
         #: FIFO groups waiting their turn, by (queue URL, MessageGroupId).
         self._groups: dict[tuple[str, str], deque[Held]] = {}
         self._jobs: set[asyncio.Task[Any]] = set()

@@ -291,7 +291,7 @@ variable "assign_public_ip" {
 }
 
 variable "cpu" {
-  description = "Task CPU units."
+  description = "Task CPU units (1024 = 1 vCPU); the task runs one worker process per whole vCPU (WORKER_PROCESSES)."
   type        = number
   default     = 256
 }

@@ -134,6 +134,11 @@ run "task_definition_runs_the_worker" {
   }
 
   assert {
+    condition     = local.worker_environment.WORKER_PROCESSES == "1"
+    error_message = "a task of less than 2 vCPUs runs one worker process"
+  }
+
+  assert {
     condition     = local.worker_environment.WORKER_SHUTDOWN_GRACE_S == "45" && local.worker_environment.WORKER_HANDLERS == "billing.jobs,billing.reports" && local.worker_environment.WORKER_METRICS_NAMESPACE == "SqsWorker"
     error_message = "grace, handlers and namespace reach the worker"
   }
@@ -308,5 +313,19 @@ run "queue_set_alarms_iam_and_autoscaling_cover_every_queue" {
   assert {
     condition     = [for m in aws_appautoscaling_policy.backlog_per_task[0].target_tracking_scaling_policy_configuration[0].customized_metric_specification[0].metrics : one(m.metric_stat[0].metric[0].dimensions).value if startswith(m.id, "visible")] == ["billing-critical", "billing-bulk"]
     error_message = "the backlog counts the visible messages of each queue of the set"
+  }
+}
+
+run "worker_processes_follow_the_task_vcpus" {
+  command = plan
+
+  variables {
+    cpu    = 2048
+    memory = 4096
+  }
+
+  assert {
+    condition     = local.worker_environment.WORKER_PROCESSES == "2"
+    error_message = "a 2-vCPU task runs two worker processes (WORKER_PROCESSES)"
   }
 }

@@ -1,0 +1,174 @@
+"""WORKER_PROCESSES: ``sqs-worker run`` as a supervisor of worker processes, run as a real process.
+
+Both processes consume; SIGTERM reaches all, jobs in flight finish and the supervisor exits after the last; a
+SIGKILLed child is started again; /healthz and /readyz answer for the whole group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.backends import Backend
+from tests.support.harness import sqs_client
+from tests.support.process import cli, lines, start, wait_until, worker_env
+from tests.support.queues import assert_queue_empty
+from worker.dev.localaws import free_port
+from worker.observability.health import HealthStatus
+from worker.runtime.supervisor import (
+    cpus_from_cgroup,
+    group_status,
+    resolve_processes,
+    restart_delay_s,
+    usable_cpus,
+)
+
+
+def group(backend: Backend, tmp_path: Path, **settings: str) -> tuple[dict[str, str], str]:
+    queue = f"group-{uuid.uuid4().hex[:8]}"
+    env = worker_env(
+        backend.endpoint_url,
+        WORKER_QUEUE=queue,
+        WORKER_HANDLERS="tests.support.group_handlers",
+        WORKER_PROCESSES="2",
+        TEST_EFFECTS_FILE=str(tmp_path / "effects.txt"),
+        TMP=str(tmp_path),
+        **settings,
+    )
+    result = cli("bootstrap", env=env)
+    assert result.returncode == 0, result.stderr
+    return env, sqs_client(backend.endpoint_url).get_queue_url(QueueName=queue)["QueueUrl"]
+
+
+def send(backend: Backend, url: str, numbers: range, seconds: float) -> None:
+    client = sqs_client(backend.endpoint_url)
+    for n in numbers:
+        body = {"type": "where", "payload": {"n": n, "seconds": seconds}}
+        client.send_message(QueueUrl=url, MessageBody=json.dumps(body))
+
+
+def effects(tmp_path: Path, kind: str) -> dict[int, int]:
+    """Job number -> pid of the process that recorded ``kind`` (start or end) for it."""
+    out = {}
+    for line in lines(tmp_path / "effects.txt"):
+        word, n, pid = line.split()
+        if word == kind:
+            out[int(n)] = int(pid)
+    return out
+
+
+def children(pid: int) -> set[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return set()
+    return {int(child) for child in text.split()}
+
+
+def get(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    except OSError:
+        return 0, {}
+
+
+def stop(worker: subprocess.Popen[bytes], log: Path) -> None:
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            assert worker.wait(timeout=60) == 0, log.read_text()
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+
+
+def test_both_processes_consume_and_sigterm_finishes_their_jobs(backend: Backend, tmp_path: Path) -> None:
+    env, url = group(backend, tmp_path, WORKER_CONCURRENCY="2", WORKER_SHUTDOWN_GRACE_S="30")
+    log = tmp_path / "worker.log"
+    worker = start("run", env=env, stderr_path=log)
+    try:
+        wait_until(lambda: len(children(worker.pid)) == 2, 60, "two worker processes")
+        pids = children(worker.pid)
+        # Four slots in all: 4 jobs of 3 s keep both processes busy at once, so each must take some.
+        send(backend, url, range(4), seconds=3)
+        wait_until(lambda: len(effects(tmp_path, "start")) == 4, 60, "all four jobs to start")
+        assert set(effects(tmp_path, "start").values()) == pids, lines(tmp_path / "effects.txt")
+        worker.send_signal(signal.SIGTERM)  # every job is mid-sleep: each must finish before its process exits
+        assert worker.wait(timeout=60) == 0, log.read_text()
+    finally:
+        stop(worker, log)
+    assert effects(tmp_path, "end") == effects(tmp_path, "start")
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "a child outlived the supervisor"
+    assert_queue_empty(sqs_client(backend.endpoint_url), url)
+
+
+def test_a_killed_child_is_restarted_and_health_answers_for_the_group(backend: Backend, tmp_path: Path) -> None:
+    port = free_port()
+    env, url = group(backend, tmp_path, WORKER_HEALTH_PORT=str(port), WORKER_CONCURRENCY="2")
+    log = tmp_path / "worker.log"
+    worker = start("run", env=env, stderr_path=log)
+    try:
+        wait_until(lambda: get(port, "/readyz")[0] == 200, 60, "the group to be ready")
+        status, body = get(port, "/healthz")
+        assert status == 200 and [p["status"] for p in body["processes"]] == ["ok", "ok"], body
+        first = children(worker.pid)
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: get(port, "/readyz")[0] == 503, 10, "the group to report the dead child")
+        wait_until(lambda: len(children(worker.pid) - first) == 1, 30, "the child to be started again")
+        wait_until(lambda: get(port, "/readyz")[0] == 200, 60, "the group to be ready again")
+        assert "exited with -9" in log.read_text()
+        send(backend, url, range(6), seconds=0)
+        wait_until(lambda: len(effects(tmp_path, "end")) == 6, 60, "the jobs after the restart")
+    finally:
+        stop(worker, log)
+    assert get(port, "/healthz")[0] == 0  # the group is gone, its port closed
+    assert_queue_empty(sqs_client(backend.endpoint_url), url)
+
+
+def test_a_configuration_error_in_the_children_stops_the_group_with_2(tmp_path: Path) -> None:
+    env = worker_env("http://127.0.0.1:9", TMP=str(tmp_path), WORKER_QUEUE="q", WORKER_PROCESSES="2")
+    result = cli("run", env=env, timeout_s=60)  # no handlers: each child refuses to start
+    assert result.returncode == 2, result.stderr
+    assert "no job handlers registered" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "expected"),
+    [("max 100000", None), ("200000 100000", 2), ("150000 100000", 2), ("50000 100000", 1), ("", None), ("x y", None)],
+)
+def test_cgroup_quota_in_cpus(cpu_max: str, expected: int | None) -> None:
+    assert cpus_from_cgroup(cpu_max) == expected
+
+
+def test_usable_cpus_and_auto() -> None:
+    assert usable_cpus(affinity=8, cgroup_cpus=2) == 2
+    assert usable_cpus(affinity=2, cgroup_cpus=None) == 2
+    assert usable_cpus(affinity=1, cgroup_cpus=4) == 1
+    assert resolve_processes("auto", cpus=lambda: 3) == 3
+    assert resolve_processes("4", cpus=lambda: 1) == 4
+
+
+def test_restart_backoff_doubles_to_a_cap() -> None:
+    assert [restart_delay_s(failures=n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
+    assert restart_delay_s(failures=30) == 30.0
+
+
+def test_group_status_is_ok_only_when_every_member_is() -> None:
+    ok, bad = HealthStatus(True, "ready", {}), HealthStatus(False, "unreachable: sqs", {})
+    assert group_status([(0, ok), (1, ok)], "are ready").ok
+    failing = group_status([(0, ok), (1, bad)], "are ready")
+    assert not failing.ok and failing.reason == "process 1: unreachable: sqs"
+    assert not group_status([], "are ready").ok
