@@ -14,12 +14,14 @@ from typing import Any
 import boto3
 from aiobotocore.session import get_session
 
-from tests.support.memory import MemorySQSClient, is_memory, memory_queue
+from tests.support.memory import MemorySQSClient, broker_of, is_memory, memory_queue
+from tests.support.virtualtime import virtual_time
 from worker.backends.protocols import MessageQueue
 from worker.backends.sqs import Queue
 from worker.jobs import Registry
 from worker.observability.events import Event, Kind, Observers
 from worker.ops.bootstrap import Created, ensure_queues
+from worker.runtime.clock import SYSTEM_CLOCK, Clock
 from worker.runtime.worker import RuntimeOptions, Worker
 
 
@@ -105,8 +107,10 @@ async def running_worker(
     async with contextlib.AsyncExitStack() as stack:
         queue: MessageQueue
         dlq: MessageQueue
+        clock: Clock = SYSTEM_CLOCK
         if is_memory(endpoint_url):
             queue, dlq = memory_queue(queues.queue_url), memory_queue(queues.dlq_url)
+            clock = broker_of(endpoint_url).clock
         else:
             client = await stack.enter_async_context(
                 get_session().create_client("sqs", endpoint_url=endpoint_url, region_name="us-east-1")
@@ -128,7 +132,12 @@ async def running_worker(
             ledger=ledger,
             rng=rng,
             workflows=workflows(queue, dlq) if workflows is not None else None,
+            clock=clock,
         )
+        if is_memory(endpoint_url):
+            # Plain def handlers run in threads, in real time: no skipping while the worker waits for one.
+            threads = worker._threads
+            stack.enter_context(virtual_time(broker_of(endpoint_url).clock, realtime=lambda: threads.awaited > 0))
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
         running = Running(worker, recorder, stop, task)

@@ -5,7 +5,6 @@ worker talks to it through ``worker.backends.memory.MemoryQueue`` (no HTTP anywh
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from typing import Any
 
@@ -131,18 +130,22 @@ class MemorySQSClient:
         return {"Successful": successful, "Failed": failed}
 
     def receive_message(self, *, QueueUrl: str, **options: Any) -> dict[str, Any]:
-        """Long polling by looking again every 10 ms (a blocking client; the worker's own receives wait on the
-        broker's events)."""
-        deadline = time.monotonic() + float(options.get("WaitTimeSeconds", 0))
+        """Long polling on the broker's clock: nothing visible, the clock skips to when a message is due, or to the
+        end of the wait (a blocking client; nothing else can change the broker meanwhile)."""
+        name = self._name(QueueUrl)
+        remaining_s = float(options.get("WaitTimeSeconds", 0))
         while True:
             messages = self.broker.receive_now(
-                self._name(QueueUrl),
+                name,
                 max_messages=int(options.get("MaxNumberOfMessages", 1)),
                 visibility_timeout_s=options.get("VisibilityTimeout"),
             )
-            if messages or time.monotonic() >= deadline:
+            if messages or remaining_s <= 0:
                 break
-            time.sleep(0.01)
+            due_s = self.broker.next_due_s(name)
+            step_s = remaining_s if due_s is None else min(remaining_s, max(due_s, 0.001))
+            self.broker.clock.advance(step_s)
+            remaining_s -= step_s
         return {
             "Messages": [
                 {

@@ -16,7 +16,6 @@ import functools
 import logging
 import math
 import random
-import time
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from worker.middleware import call_through
 from worker.observability.events import Kind, Observers
 from worker.observability.tracing import attempt_span
 from worker.policy import BUG, PERMANENT, Action, describe_error
+from worker.runtime.clock import SYSTEM_CLOCK, Clock
 from worker.runtime.execution import (
     PreparedJob,
     build_context,
@@ -92,8 +92,10 @@ class Worker:
         ledger: Ledger | None = None,
         rng: random.Random | None = None,
         workflows: WorkflowHooks | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.registry = registry
+        self.clock = clock
         self.queue = queue
         self.dlq = dlq
         self.options = options
@@ -114,10 +116,12 @@ class Worker:
         #: goes on at SQS although nobody reads its answer).
         self._abandoned_until = 0.0
         #: Threads for plain ``def`` handlers: one healthy thread per slot, whatever stuck threads do.
-        self._threads = JobThreads(options.concurrency)
+        self._threads = JobThreads(options.concurrency, monotonic=clock.monotonic)
         self._sqs = Connectivity("sqs", self.observers)
         self._dynamodb = Connectivity("dynamodb", self.observers)
-        self.outcomes = Outcomes(queue=queue, dlq=dlq, observers=self.observers, max_hop_s=options.max_hop_s)
+        self.outcomes = Outcomes(
+            queue=queue, dlq=dlq, observers=self.observers, max_hop_s=options.max_hop_s, clock=clock
+        )
         self.heartbeat = Heartbeat(
             queue=queue,
             slots=self._slots,
@@ -127,6 +131,7 @@ class Worker:
             dynamodb=self._dynamodb,
             ledger=ledger,
             threads=self._threads,
+            clock=clock,
         )
         self.fatal: BaseException | None = None
         self._warned_unguarded = False
@@ -175,7 +180,7 @@ class Worker:
                     visibility_timeout_s=self.options.visibility_timeout_s,
                 )
             )
-            self._polls[receive] = time.monotonic()
+            self._polls[receive] = self.clock.monotonic()
             receive.add_done_callback(self._polls.pop)
             try:
                 done, _ = await asyncio.wait({receive}, timeout=HEDGE_AFTER_S if self._queue_busy else None)
@@ -243,11 +248,11 @@ class Worker:
         """The visibility a message is put back with: 0, except while a receive abandoned at shutdown may still be
         open at SQS; then until it has ended, so the worker's own abandoned long poll cannot take the message for a
         whole visibility timeout (and count a receive)."""
-        return max(0, math.ceil(self._abandoned_until - time.monotonic()))
+        return max(0, math.ceil(self._abandoned_until - self.clock.monotonic()))
 
     def _held(self, message: Message) -> Held:
         """A received message, with its attempt and receive counts (``worker.flow.attempts``)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         counts = counts_of(
             message_attributes=message.message_attributes,
             approximate_receive_count=message.receive_count,
@@ -380,14 +385,17 @@ class Worker:
             error = f"{DUE_AT_ATTRIBUTE} on a FIFO queue: FIFO queues take no per-message delay"
             await self._finish(held, self.outcomes.dead_letter(held, INVALID_MESSAGE, error))
             return False
-        action = due_action(due_at=due_at, now=datetime.now(UTC), max_hop_s=self.options.max_hop_s)
+        action = due_action(due_at=due_at, now=self._now(), max_hop_s=self.options.max_hop_s)
         while action.action == "wait":  # the loop's monotonic clock may wake a hair before the wall clock's due time
             await asyncio.sleep(action.seconds)
-            action = due_action(due_at=due_at, now=datetime.now(UTC), max_hop_s=self.options.max_hop_s)
+            action = due_action(due_at=due_at, now=self._now(), max_hop_s=self.options.max_hop_s)
         if action.action == "hop":
             await self._finish(held, self.outcomes.hold_back(held, math.ceil(action.seconds), "not yet due"))
             return True
         return None
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock.time(), UTC)
 
     async def _claim(self, held: Held, job: PreparedJob) -> bool | None:
         """Take the job's idempotency claim. None: go ahead and run it; a bool: the outcome is settled."""
@@ -466,9 +474,9 @@ class Worker:
         """Call the handler through the middleware and apply the outcome. True when the job succeeded."""
         message = held.message
         sent_ms = message.sent_timestamp_ms
-        queue_wait_s = max(0.0, time.time() - sent_ms / 1000) if sent_ms else None
+        queue_wait_s = max(0.0, self.clock.time() - sent_ms / 1000) if sent_ms else None
         self._emit(Kind.STARTED, held, queue_wait_s=queue_wait_s)
-        started = time.monotonic()
+        started = self.clock.monotonic()
         handler = functools.partial(call_handler, job, context, self._threads, owner=held)
         held.handler = asyncio.ensure_future(call_through(self.registry.middlewares, context, handler))
         try:
@@ -482,12 +490,12 @@ class Worker:
                 return False
             # Nobody in the worker cancelled it: the handler raised CancelledError itself. That is the job's
             # failure (retried with backoff, counted), not a shutdown.
-            await self._finish(held, self._failed(held, job, exc, time.monotonic() - started))
+            await self._finish(held, self._failed(held, job, exc, self.clock.monotonic() - started))
             return False
         except Exception as exc:
-            await self._finish(held, self._failed(held, job, exc, time.monotonic() - started))
+            await self._finish(held, self._failed(held, job, exc, self.clock.monotonic() - started))
             return False
-        await self._finish(held, self._succeeded(held, job, result, time.monotonic() - started))
+        await self._finish(held, self._succeeded(held, job, result, self.clock.monotonic() - started))
         return True
 
     async def _succeeded(self, held: Held, job: PreparedJob, result: Any, duration_s: float) -> None:
