@@ -65,6 +65,7 @@ async def test_hops_cost_no_attempts_and_the_dead_letter_shows_runs_and_receives
     assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
 
 
+@pytest.mark.memory
 async def test_three_shutdown_holds_then_a_retryable_failure_still_get_every_attempt(backend: Backend) -> None:
     """A job cancelled by three shutdowns in a row (held back each time), then failing retryably: it still gets its
     3 attempts, and its dead-letter record says attempts 3, receive_count 6."""
@@ -156,6 +157,7 @@ async def test_one_real_fifteen_minute_hop(backend: Backend) -> None:
     }
 
 
+@pytest.mark.memory
 def test_the_producer_sends_long_delays_with_their_due_time(backend: Backend) -> None:
     queues = make_queues(backend.endpoint_url)
     client = sqs_client(backend.endpoint_url)
@@ -169,6 +171,7 @@ def test_the_producer_sends_long_delays_with_their_due_time(backend: Backend) ->
     assert DUE_AT_ATTRIBUTE in now_due["MessageAttributes"]
 
 
+@pytest.mark.memory
 def test_fifo_queues_refuse_per_message_delays(backend: Backend) -> None:
     queues = make_queues(backend.endpoint_url, fifo=True)
     client = sqs_client(backend.endpoint_url)
@@ -178,6 +181,7 @@ def test_fifo_queues_refuse_per_message_delays(backend: Backend) -> None:
     assert sum(queue_counts(client, queues.queue_url).values()) == 0
 
 
+@pytest.mark.memory
 async def test_a_due_time_on_a_fifo_message_or_a_malformed_one_is_dead_lettered(backend: Backend) -> None:
     registry = Registry()
     calls: list[Any] = []
@@ -203,6 +207,7 @@ async def test_a_due_time_on_a_fifo_message_or_a_malformed_one_is_dead_lettered(
     assert calls == []
 
 
+@pytest.mark.memory
 async def test_fifo_releases_are_remembered_and_cost_no_attempt(backend: Backend) -> None:
     """FIFO: B waits behind A in its group and is released (in place: a copy would lose its place) each time A
     fails; those releases are no attempts of B's, which still gets its 2 runs."""
