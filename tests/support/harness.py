@@ -32,6 +32,11 @@ def sqs_client(endpoint_url: str) -> Any:
     return boto3.client("sqs", endpoint_url=endpoint_url, region_name="us-east-1")
 
 
+def clock_of(endpoint_url: str) -> Clock:
+    """The clock the worker reads on this backend: the memory broker's (it skips ahead), else the system's."""
+    return broker_of(endpoint_url).clock if is_memory(endpoint_url) else SYSTEM_CLOCK
+
+
 def make_queues(endpoint_url: str, *, fifo: bool = False, max_receive_count: int = 10) -> Created:
     name = f"q-{uuid.uuid4().hex[:10]}" + (".fifo" if fifo else "")
     return ensure_queues(sqs_client(endpoint_url), name, max_receive_count=max_receive_count)
@@ -110,7 +115,7 @@ async def running_worker(
         clock: Clock = SYSTEM_CLOCK
         if is_memory(endpoint_url):
             queue, dlq = memory_queue(queues.queue_url), memory_queue(queues.dlq_url)
-            clock = broker_of(endpoint_url).clock
+            clock = clock_of(endpoint_url)
         else:
             client = await stack.enter_async_context(
                 get_session().create_client("sqs", endpoint_url=endpoint_url, region_name="us-east-1")
