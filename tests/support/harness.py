@@ -16,6 +16,7 @@ from aiobotocore.session import get_session
 
 from tests.support.memory import MemorySQSClient, broker_of, is_memory, memory_queue
 from tests.support.virtualtime import virtual_time
+from worker.backends.memory import MemoryQueue
 from worker.backends.protocols import MessageQueue
 from worker.backends.sqs import Queue
 from worker.jobs import Registry
@@ -107,14 +108,16 @@ async def running_worker(
     ledger: Any = None,
     rng: random.Random | None = None,
     workflows: Callable[[Any, Any], Any] | None = None,
+    queue_type: type[MemoryQueue] = MemoryQueue,
 ) -> AsyncIterator[Running]:
-    """``workflows``: makes the worker's WorkflowHooks from its queue and DLQ."""
+    """``workflows``: makes the worker's WorkflowHooks from its queue and DLQ. ``queue_type``: the worker's queue
+    on the memory backend (``LingeringQueue``: long polls that outlive their caller, as on SQS)."""
     async with contextlib.AsyncExitStack() as stack:
         queue: MessageQueue
         dlq: MessageQueue
         clock: Clock = SYSTEM_CLOCK
         if is_memory(endpoint_url):
-            queue, dlq = memory_queue(queues.queue_url), memory_queue(queues.dlq_url)
+            queue, dlq = memory_queue(queues.queue_url, queue_type), memory_queue(queues.dlq_url)
             clock = clock_of(endpoint_url)
         else:
             client = await stack.enter_async_context(
