@@ -41,7 +41,7 @@ async def test_hops_cost_no_attempts_and_the_dead_letter_shows_runs_and_receives
         runs.append((ctx.attempt, ctx.receive_count, clock.time()))
         raise RetryableError("downstream unavailable", delay_s=0)
 
-    due_at = datetime.fromtimestamp(clock.time(), UTC) + timedelta(seconds=3.5)
+    due_at = parse_due_at(format_due_at(datetime.fromtimestamp(clock.time(), UTC) + timedelta(seconds=3.5)))  # in ms
     send(
         backend.endpoint_url,
         queues.queue_url,

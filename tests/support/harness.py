@@ -143,9 +143,12 @@ async def running_worker(
             clock=clock,
         )
         if is_memory(endpoint_url):
-            # Plain def handlers run in threads, in real time: no skipping while the worker waits for one.
+            # Plain def handlers run in threads, in real time: no skipping while the worker waits for one, or one
+            # it gave up on (stuck) still runs.
             threads = worker._threads
-            stack.enter_context(virtual_time(broker_of(endpoint_url).clock, realtime=lambda: threads.awaited > 0))
+            stack.enter_context(
+                virtual_time(broker_of(endpoint_url).clock, realtime=lambda: threads.awaited + threads.stuck > 0)
+            )
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
         running = Running(worker, recorder, stop, task)
