@@ -43,6 +43,7 @@ def test_the_handler_stays_a_plain_callable_with_enqueue_methods() -> None:
         assert callable(getattr(send_email, method))
 
 
+@pytest.mark.memory
 async def test_enqueue_sends_the_validated_envelope(backend: Backend, queues: Created) -> None:
     client = sqs_client(backend.endpoint_url)
     producer = SQSProducer(client, queues.queue_url)
@@ -59,6 +60,7 @@ async def test_enqueue_sends_the_validated_envelope(backend: Backend, queues: Cr
     }
 
 
+@pytest.mark.memory
 async def test_an_invalid_payload_raises_and_sends_nothing(backend: Backend, queues: Created) -> None:
     client = sqs_client(backend.endpoint_url)
     producer = SQSProducer(client, queues.queue_url)
@@ -149,6 +151,7 @@ def test_a_handler_enqueue_under_the_fixture_goes_to_memory_and_runs(sqs_worker:
     assert sent == [Email(to="ada@example.com", subject="Hi")]
 
 
+@pytest.mark.memory
 def test_enqueue_takes_a_run_at_past_fifteen_minutes(backend: Backend, queues: Created) -> None:
     from datetime import UTC, datetime, timedelta
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.support.backends import Backend
-from tests.support.harness import drain, make_queues, running_worker, send, sqs_client
+from tests.support.harness import clock_of, drain, make_queues, running_worker, send, sqs_client
 from tests.support.process import cli, worker_env
 from tests.support.queues import assert_queue_empty, queue_counts
 from worker import JobContext, RetryableError
@@ -28,19 +27,21 @@ def due_attribute(moment: datetime) -> dict[str, Any]:
     return {DUE_AT_ATTRIBUTE: {"DataType": "String", "StringValue": format_due_at(moment)}}
 
 
+@pytest.mark.memory
 async def test_hops_cost_no_attempts_and_the_dead_letter_shows_runs_and_receives(backend: Backend) -> None:
     """Hopped until due (1 s hops: how many depends on the endpoint's latency), then failing retryably: still all
     3 runs, numbered 1, 2, 3; the dead-letter record says attempts 3 and receive_count 3 + the hops."""
     queues = make_queues(backend.endpoint_url)
+    clock = clock_of(backend.endpoint_url)  # on memory: the broker's, which skips ahead
     registry = Registry()
     runs: list[tuple[int, int, float]] = []
 
     @registry.job("flaky", max_attempts=3)
     async def flaky(payload: dict[str, Any], ctx: JobContext) -> None:
-        runs.append((ctx.attempt, ctx.receive_count, time.time()))
+        runs.append((ctx.attempt, ctx.receive_count, clock.time()))
         raise RetryableError("downstream unavailable", delay_s=0)
 
-    due_at = datetime.now(UTC) + timedelta(seconds=3.5)
+    due_at = parse_due_at(format_due_at(datetime.fromtimestamp(clock.time(), UTC) + timedelta(seconds=3.5)))  # in ms
     send(
         backend.endpoint_url,
         queues.queue_url,
@@ -65,6 +66,7 @@ async def test_hops_cost_no_attempts_and_the_dead_letter_shows_runs_and_receives
     assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
 
 
+@pytest.mark.memory
 async def test_three_shutdown_holds_then_a_retryable_failure_still_get_every_attempt(backend: Backend) -> None:
     """A job cancelled by three shutdowns in a row (held back each time), then failing retryably: it still gets its
     3 attempts, and its dead-letter record says attempts 3, receive_count 6."""
@@ -98,16 +100,18 @@ async def test_three_shutdown_holds_then_a_retryable_failure_still_get_every_att
     assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
 
 
+@pytest.mark.memory
 async def test_a_long_delay_runs_once_after_its_due_time(backend: Backend) -> None:
     queues = make_queues(backend.endpoint_url)
+    clock = clock_of(backend.endpoint_url)  # on memory: the broker's, which skips ahead
     registry = Registry()
     started: list[float] = []
 
     @registry.job("later")
     async def later(payload: dict[str, Any]) -> None:
-        started.append(time.time())
+        started.append(clock.time())
 
-    due_at = datetime.now(UTC) + timedelta(seconds=4.2)
+    due_at = parse_due_at(format_due_at(datetime.fromtimestamp(clock.time(), UTC) + timedelta(seconds=4.2)))  # in ms
     send(
         backend.endpoint_url,
         queues.queue_url,
@@ -156,6 +160,7 @@ async def test_one_real_fifteen_minute_hop(backend: Backend) -> None:
     }
 
 
+@pytest.mark.memory
 def test_the_producer_sends_long_delays_with_their_due_time(backend: Backend) -> None:
     queues = make_queues(backend.endpoint_url)
     client = sqs_client(backend.endpoint_url)
@@ -169,6 +174,7 @@ def test_the_producer_sends_long_delays_with_their_due_time(backend: Backend) ->
     assert DUE_AT_ATTRIBUTE in now_due["MessageAttributes"]
 
 
+@pytest.mark.memory
 def test_fifo_queues_refuse_per_message_delays(backend: Backend) -> None:
     queues = make_queues(backend.endpoint_url, fifo=True)
     client = sqs_client(backend.endpoint_url)
@@ -178,6 +184,7 @@ def test_fifo_queues_refuse_per_message_delays(backend: Backend) -> None:
     assert sum(queue_counts(client, queues.queue_url).values()) == 0
 
 
+@pytest.mark.memory
 async def test_a_due_time_on_a_fifo_message_or_a_malformed_one_is_dead_lettered(backend: Backend) -> None:
     registry = Registry()
     calls: list[Any] = []
@@ -203,6 +210,7 @@ async def test_a_due_time_on_a_fifo_message_or_a_malformed_one_is_dead_lettered(
     assert calls == []
 
 
+@pytest.mark.memory
 async def test_fifo_releases_are_remembered_and_cost_no_attempt(backend: Backend) -> None:
     """FIFO: B waits behind A in its group and is released (in place: a copy would lose its place) each time A
     fails; those releases are no attempts of B's, which still gets its 2 runs."""
@@ -259,10 +267,12 @@ def test_the_enqueue_command_takes_run_at_and_long_delays(backend: Backend, tmp_
     assert queue_counts(client, queues.queue_url)["ApproximateNumberOfMessagesDelayed"] == 1
 
 
+@pytest.mark.memory
 async def test_a_message_with_no_room_for_the_counts_is_held_in_place(backend: Backend) -> None:
     """Nine attributes of its own leave no room for the two counts (SQS allows 10): the hop releases the message
     in place (visibility), remembered by this worker, and it still runs once, as its first attempt."""
     queues = make_queues(backend.endpoint_url)
+    clock = clock_of(backend.endpoint_url)  # on memory: the broker's, which skips ahead
     registry = Registry()
     runs: list[tuple[int, int]] = []
 
@@ -271,7 +281,7 @@ async def test_a_message_with_no_room_for_the_counts_is_held_in_place(backend: B
         runs.append((ctx.attempt, ctx.receive_count))
 
     own = {f"a{n}": {"DataType": "String", "StringValue": str(n)} for n in range(8)}
-    due_at = datetime.now(UTC) + timedelta(seconds=2.5)
+    due_at = datetime.fromtimestamp(clock.time(), UTC) + timedelta(seconds=2.5)
     message_id = send(
         backend.endpoint_url,
         queues.queue_url,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
 import uuid
 from typing import Any
 
@@ -15,6 +14,7 @@ from aiobotocore.session import get_session
 
 from tests.support.backends import Backend
 from tests.support.harness import make_queues, running_worker, send, sqs_client
+from tests.support.memory import LingeringQueue
 from tests.support.queues import assert_queue_empty, message_count, queue_counts
 from worker.backends.batching import EntryFailed
 from worker.backends.sqs import Queue
@@ -23,6 +23,7 @@ from worker.observability.events import Kind
 from worker.ops.bootstrap import ensure_queues
 from worker.ops.dlq import DeadLetterQueue, redrive_by_receiving
 from worker.ops.progress import RateLimiter
+from worker.runtime.worker import Worker
 
 
 @pytest.mark.memory
@@ -59,12 +60,13 @@ async def test_shutdown_releases_unstarted_and_cancelled_messages(backend: Backe
 
 async def wait_until_counts(client: Any, queue_url: str, *, visible: int, timeout_s: float) -> None:
     """Bounded polling of the queue's counts (SQS has no event for a message turning visible)."""
-    deadline = time.monotonic() + timeout_s
+    loop = asyncio.get_running_loop()  # on the memory backend its clock skips ahead (tests/support/virtualtime.py)
+    deadline = loop.time() + timeout_s
     while True:
         counts = queue_counts(client, queue_url)
         if counts["ApproximateNumberOfMessages"] == visible and counts["ApproximateNumberOfMessagesNotVisible"] == 0:
             return
-        assert time.monotonic() < deadline, f"not {visible} visible within {timeout_s} s: {counts}"
+        assert loop.time() < deadline, f"not {visible} visible within {timeout_s} s: {counts}"
         await asyncio.sleep(0.1)
 
 
@@ -97,7 +99,7 @@ async def test_a_release_at_shutdown_outlasts_the_abandoned_long_polls(backend: 
     assert 0 < (released.delay_s or 0) <= 4, released
     # Past the end of every poll the shutdown abandoned (SQS's own deadline: no event to await), the message
     # must be visible; taken by an abandoned poll it would be invisible for its 60 s visibility timeout.
-    await asyncio.sleep(max(0.0, running.worker._abandoned_until - time.monotonic()) + 0.5)
+    await asyncio.sleep(max(0.0, running.worker._abandoned_until - running.worker.clock.monotonic()) + 0.5)
     await wait_until_counts(client, queues.queue_url, visible=1, timeout_s=5)
     [message] = client.receive_message(
         QueueUrl=queues.queue_url,
@@ -109,6 +111,55 @@ async def test_a_release_at_shutdown_outlasts_the_abandoned_long_polls(backend: 
     assert message["MessageAttributes"]["sqs_worker_receives"]["StringValue"] == "1"
     assert message["MessageAttributes"]["sqs_worker_runs"]["StringValue"] == "0"  # the cancelled run is no attempt
     assert message["Attributes"]["ApproximateReceiveCount"] == "1", "an abandoned long poll took it first"
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "released-at-once"])
+async def test_an_abandoned_poll_held_open_never_takes_the_released_message(
+    memory_backend: Backend, monkeypatch: pytest.MonkeyPatch, guarded: bool
+) -> None:
+    """The deterministic twin of the test above, on the memory backend only: its queue keeps every receive the
+    worker abandons at shutdown open until the receive's own wait ends, as SQS does (``LingeringQueue``), and the
+    test decides when they end. Released at once, the message goes to one of them (the race the guard closes);
+    released after them, it never does."""
+    endpoint = memory_backend.endpoint_url
+    queues = make_queues(endpoint)
+    registry = Registry()
+
+    @registry.job("block", timeout_s=120)
+    async def block(payload: dict[str, Any]) -> None:
+        await asyncio.Event().wait()  # runs until cancelled
+
+    if not guarded:
+        monkeypatch.setattr(Worker, "_release_delay_s", lambda self: 0)
+    send(endpoint, queues.queue_url, {"type": "block", "payload": {}})
+    async with running_worker(
+        endpoint,
+        queues,
+        registry,
+        concurrency=2,
+        visibility_timeout_s=60,
+        shutdown_grace_s=0.2,
+        poll_wait_s=3,
+        queue_type=LingeringQueue,
+    ) as running:
+        queue = running.worker.queue
+        assert isinstance(queue, LingeringQueue)
+        await running.recorder.wait_count(Kind.STARTED, 1)
+        await running.recorder.wait_for(lambda _: bool(queue.polls))  # a free slot's long poll is open
+    [released] = running.recorder.of(Kind.RELEASED)
+    if not guarded:  # an abandoned poll took the message as soon as it was released; nobody reads it
+        await asyncio.gather(*queue.polls)
+        assert [m.receive_count for m in queue.orphaned] == [1], queue.orphaned
+        return
+    assert queue.polls, "the polls the shutdown abandoned are still open at the queue"
+    await asyncio.gather(*queue.polls)  # now let them end (on the broker's clock: at once), empty
+    assert queue.orphaned == []
+    assert 0 < (released.delay_s or 0) <= 4, released
+    client = sqs_client(endpoint)
+    [message] = client.receive_message(QueueUrl=queues.queue_url, MessageAttributeNames=["All"], WaitTimeSeconds=5)[
+        "Messages"
+    ]
+    assert message["MessageAttributes"]["sqs_worker_receives"]["StringValue"] == "1"
 
 
 async def test_a_refused_delete_is_reported_to_its_caller_alone(backend: Backend) -> None:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, field_validator
 
 from tests.support.backends import Backend
 from tests.support.harness import drain, make_queues, running_worker, send, sqs_client
+from tests.support.memory import broker_of
 from worker import PermanentError
 from worker.backends.aws import content_refused
 from worker.deadletter import (
@@ -37,6 +38,7 @@ from worker.envelope import MAX_NESTING_DEPTH, Envelope, parse_envelope
 from worker.errors import ConfigError, InvalidMessage, QueueUnavailable
 from worker.idempotency import Ledger, create_table, job_key, payload_hash
 from worker.idempotency.ledger import encode_result
+from worker.idempotency.memory import MemoryStore
 from worker.jobs import JobSpec, Registry
 from worker.observability.events import Event, Kind, Observers
 from worker.policy import describe_error, safe_text
@@ -474,12 +476,22 @@ async def test_hostile_bodies_are_decided_on_the_first_receive(backend: Backend)
 
 
 @pytest_asyncio.fixture(loop_scope="function")
-async def ledger(dynamodb: DynamoDBClient) -> Ledger:
-    table = f"hostile-{uuid.uuid4().hex[:12]}"
-    await create_table(dynamodb, table)
-    return Ledger(dynamodb, table, owner=f"test:{uuid.uuid4().hex[:8]}")
+async def table(dynamodb: DynamoDBClient) -> str:
+    name = f"hostile-{uuid.uuid4().hex[:12]}"
+    await create_table(dynamodb, name)
+    return name
 
 
+@pytest.fixture
+def ledger(backend: Backend, request: pytest.FixtureRequest) -> Ledger:
+    """A ledger in a fresh table; on the memory backend in a MemoryStore on the backend's clock."""
+    owner = f"test:{uuid.uuid4().hex[:8]}"
+    if backend.name == "memory":
+        return Ledger(store=MemoryStore(), owner=owner, clock=broker_of(backend.endpoint_url).clock.time)
+    return Ledger(request.getfixturevalue("dynamodb"), request.getfixturevalue("table"), owner=owner)
+
+
+@pytest.mark.memory
 async def test_idempotent_hostile_input_is_decided_once_with_the_ledger(backend: Backend, ledger: Ledger) -> None:
     queues = make_queues(backend.endpoint_url)
     calls = Calls()

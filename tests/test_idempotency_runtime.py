@@ -15,6 +15,7 @@ import pytest_asyncio
 from tests.support.backends import Backend
 from tests.support.harness import drain, make_queues, running_worker, send, sqs_client
 from tests.support.idempotency import WriteCounter
+from tests.support.memory import broker_of
 from tests.support.queues import assert_queue_empty
 from worker import JobContext, PermanentError, RetryableError
 from worker.idempotency import CONFLICT_REASON, Ledger, Status, create_table, payload_hash
@@ -38,8 +39,18 @@ def ledger(backend: Backend, request: pytest.FixtureRequest) -> Ledger:
     """The ledger in a fresh table (its client the test's ``dynamodb``); on the memory backend in a MemoryStore."""
     owner = f"test:{uuid.uuid4().hex[:8]}"
     if backend.name == "memory":
-        return Ledger(store=MemoryStore(), owner=owner)
+        return Ledger(store=MemoryStore(), owner=owner, clock=broker_of(backend.endpoint_url).clock.time)
     return Ledger(request.getfixturevalue("dynamodb"), request.getfixturevalue("table"), owner=owner)
+
+
+@pytest.fixture
+def thief(backend: Backend, ledger: Ledger, request: pytest.FixtureRequest) -> Ledger:
+    """Another worker's ledger over the same items, its clock an hour ahead."""
+    if backend.name == "memory":
+        clock = broker_of(backend.endpoint_url).clock
+        return Ledger(store=ledger._store, owner="thief", clock=lambda: clock.time() + 3600)
+    dynamodb = request.getfixturevalue("dynamodb")
+    return Ledger(dynamodb, ledger.table_name, owner="thief", clock=lambda: time.time() + 3600)
 
 
 async def test_an_idempotent_job_costs_two_writes(backend: Backend, dynamodb: DynamoDBClient, ledger: Ledger) -> None:
@@ -180,9 +191,8 @@ async def test_a_broken_key_function_is_dead_lettered_as_a_bug(backend: Backend,
     assert dead[0].category == "bug"
 
 
-async def test_a_handler_whose_lease_is_taken_over_is_stopped(
-    backend: Backend, dynamodb: DynamoDBClient, ledger: Ledger
-) -> None:
+@pytest.mark.memory
+async def test_a_handler_whose_lease_is_taken_over_is_stopped(backend: Backend, ledger: Ledger, thief: Ledger) -> None:
     """A worker that finds at a heartbeat that another worker took its lease over stops its handler at once and
     leaves the message and the ledger to the new owner."""
     queues = make_queues(backend.endpoint_url)
@@ -203,8 +213,7 @@ async def test_a_handler_whose_lease_is_taken_over_is_stopped(
     async with running_worker(backend.endpoint_url, queues, registry, ledger=ledger, visibility_timeout_s=6) as running:
         send(backend.endpoint_url, queues.queue_url, {"type": "long", "payload": payload, "idempotency_key": "rep-7"})
         await asyncio.wait_for(started.wait(), timeout=30)
-        # Another worker whose clock is an hour ahead sees the lease as lapsed and takes the job over.
-        thief = Ledger(dynamodb, ledger.table_name, owner="thief", clock=lambda: time.time() + 3600)
+        # Another worker whose clock is an hour ahead (the ``thief``) sees the lease as lapsed and takes the job over.
         stolen = await thief.claim(key="rep-7", job_type="long", payload_hash=payload_hash("long", payload), lease_s=30)
         assert stolen.outcome == "run"
         lost = await running.recorder.wait_count(Kind.CLAIM_LOST, 1, timeout_s=30)

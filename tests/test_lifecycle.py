@@ -27,6 +27,7 @@ class Pool:
         self.open = True
 
 
+@pytest.mark.memory
 async def test_resources_reach_async_and_sync_handlers_and_close_after_the_last_job(backend: Backend) -> None:
     queues = make_queues(backend.endpoint_url)
     steps: list[str] = []
@@ -72,6 +73,7 @@ async def test_resources_reach_async_and_sync_handlers_and_close_after_the_last_
     assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
 
 
+@pytest.mark.memory
 async def test_a_failing_startup_stops_the_worker_before_anything_is_received(backend: Backend) -> None:
     queues = make_queues(backend.endpoint_url)
     send(backend.endpoint_url, queues.queue_url, {"type": "noop"})

@@ -47,6 +47,7 @@ def traced_registry(steps: list[str]) -> Registry:
     return registry
 
 
+@pytest.mark.memory
 async def test_middleware_runs_in_order_around_sync_and_async_handlers_and_sees_the_outcome(backend: Backend) -> None:
     queues = make_queues(backend.endpoint_url)
     steps: list[str] = []
@@ -69,6 +70,7 @@ async def test_middleware_runs_in_order_around_sync_and_async_handlers_and_sees_
     assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
 
 
+@pytest.mark.memory
 async def test_middleware_short_circuits_with_a_result_or_a_classified_error(backend: Backend) -> None:
     queues = make_queues(backend.endpoint_url)
     ran: list[str] = []

@@ -76,6 +76,7 @@ def attempt_spans(memory: InMemorySpanExporter) -> dict[str, ReadableSpan]:
     return {span.name: span for span in memory.get_finished_spans() if span.name.startswith("run ")}
 
 
+@pytest.mark.memory
 async def test_the_worker_continues_the_producers_trace_in_a_span_per_attempt(
     backend: Backend, spans: InMemorySpanExporter, log_stream: io.StringIO
 ) -> None:
@@ -129,6 +130,7 @@ async def test_the_worker_continues_the_producers_trace_in_a_span_per_attempt(
     assert_queue_empty(client, queues.queue_url)
 
 
+@pytest.mark.memory
 async def test_a_message_without_traceparent_starts_a_trace_and_a_retry_is_an_error(
     backend: Backend, spans: InMemorySpanExporter
 ) -> None:

@@ -14,12 +14,15 @@ from typing import Any
 import boto3
 from aiobotocore.session import get_session
 
-from tests.support.memory import MemorySQSClient, is_memory, memory_queue
+from tests.support.memory import MemorySQSClient, broker_of, is_memory, memory_queue
+from tests.support.virtualtime import virtual_time
+from worker.backends.memory import MemoryQueue
 from worker.backends.protocols import MessageQueue
 from worker.backends.sqs import Queue
 from worker.jobs import Registry
 from worker.observability.events import Event, Kind, Observers
 from worker.ops.bootstrap import Created, ensure_queues
+from worker.runtime.clock import SYSTEM_CLOCK, Clock
 from worker.runtime.worker import RuntimeOptions, Worker
 
 
@@ -28,6 +31,11 @@ def sqs_client(endpoint_url: str) -> Any:
     if is_memory(endpoint_url):
         return MemorySQSClient(endpoint_url)
     return boto3.client("sqs", endpoint_url=endpoint_url, region_name="us-east-1")
+
+
+def clock_of(endpoint_url: str) -> Clock:
+    """The clock the worker reads on this backend: the memory broker's (it skips ahead), else the system's."""
+    return broker_of(endpoint_url).clock if is_memory(endpoint_url) else SYSTEM_CLOCK
 
 
 def make_queues(endpoint_url: str, *, fifo: bool = False, max_receive_count: int = 10) -> Created:
@@ -101,13 +109,17 @@ async def running_worker(
     rng: random.Random | None = None,
     workflows: Callable[[Any, Any], Any] | None = None,
     gate: Any = None,
+    queue_type: type[MemoryQueue] = MemoryQueue,
 ) -> AsyncIterator[Running]:
-    """``workflows``: makes the worker's WorkflowHooks from its queue and DLQ."""
+    """``workflows``: makes the worker's WorkflowHooks from its queue and DLQ. ``queue_type``: the worker's queue
+    on the memory backend (``LingeringQueue``: long polls that outlive their caller, as on SQS)."""
     async with contextlib.AsyncExitStack() as stack:
         queue: MessageQueue
         dlq: MessageQueue
+        clock: Clock = SYSTEM_CLOCK
         if is_memory(endpoint_url):
-            queue, dlq = memory_queue(queues.queue_url), memory_queue(queues.dlq_url)
+            queue, dlq = memory_queue(queues.queue_url, queue_type), memory_queue(queues.dlq_url)
+            clock = clock_of(endpoint_url)
         else:
             client = await stack.enter_async_context(
                 get_session().create_client("sqs", endpoint_url=endpoint_url, region_name="us-east-1")
@@ -130,7 +142,15 @@ async def running_worker(
             rng=rng,
             workflows=workflows(queue, dlq) if workflows is not None else None,
             gate=gate,
+            clock=clock,
         )
+        if is_memory(endpoint_url):
+            # Plain def handlers run in threads, in real time: no skipping while the worker waits for one, or one
+            # it gave up on (stuck) still runs.
+            threads = worker._threads
+            stack.enter_context(
+                virtual_time(broker_of(endpoint_url).clock, realtime=lambda: threads.awaited + threads.stuck > 0)
+            )
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
         running = Running(worker, recorder, stop, task)

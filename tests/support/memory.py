@@ -4,8 +4,8 @@ worker talks to it through ``worker.backends.memory.MemoryQueue`` (no HTTP anywh
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
 import uuid
 from typing import Any
 
@@ -13,6 +13,7 @@ from botocore.exceptions import ClientError
 
 from worker.backends.batching import EntryFailed
 from worker.backends.memory import MemoryBroker, MemoryQueue
+from worker.backends.protocols import Message
 from worker.errors import ConfigError, QueueUnavailable
 
 #: The broker of each memory endpoint ("memory://<id>"), for the session.
@@ -35,8 +36,10 @@ def broker_of(endpoint_url: str) -> MemoryBroker:
     return BROKERS[endpoint_url.split("/")[0] + "//" + endpoint_url.split("/")[2]]
 
 
-def memory_queue(queue_url: str) -> MemoryQueue:
-    return broker_of(queue_url).queue(queue_url.rstrip("/").rsplit("/", 1)[-1])
+def memory_queue(queue_url: str, queue_type: type[MemoryQueue] = MemoryQueue) -> MemoryQueue:
+    broker, name = broker_of(queue_url), queue_url.rstrip("/").rsplit("/", 1)[-1]
+    broker.queue(name)  # ConfigError when there is none
+    return queue_type(broker, name)
 
 
 def _error(code: str, message: str, operation: str) -> ClientError:
@@ -131,18 +134,22 @@ class MemorySQSClient:
         return {"Successful": successful, "Failed": failed}
 
     def receive_message(self, *, QueueUrl: str, **options: Any) -> dict[str, Any]:
-        """Long polling by looking again every 10 ms (a blocking client; the worker's own receives wait on the
-        broker's events)."""
-        deadline = time.monotonic() + float(options.get("WaitTimeSeconds", 0))
+        """Long polling on the broker's clock: nothing visible, the clock skips to when a message is due, or to the
+        end of the wait (a blocking client; nothing else can change the broker meanwhile)."""
+        name = self._name(QueueUrl)
+        remaining_s = float(options.get("WaitTimeSeconds", 0))
         while True:
             messages = self.broker.receive_now(
-                self._name(QueueUrl),
+                name,
                 max_messages=int(options.get("MaxNumberOfMessages", 1)),
                 visibility_timeout_s=options.get("VisibilityTimeout"),
             )
-            if messages or time.monotonic() >= deadline:
+            if messages or remaining_s <= 0:
                 break
-            time.sleep(0.01)
+            due_s = self.broker.next_due_s(name)
+            step_s = remaining_s if due_s is None else min(remaining_s, max(due_s, 0.001))
+            self.broker.clock.advance(step_s)
+            remaining_s -= step_s
         return {
             "Messages": [
                 {
@@ -173,3 +180,32 @@ class MemorySQSClient:
     def purge_queue(self, *, QueueUrl: str) -> dict[str, Any]:
         self.broker.purge(self._name(QueueUrl))
         return {}
+
+
+class LingeringQueue(MemoryQueue):
+    """A memory queue whose long polls outlive their caller, as SQS's do: a receive the worker gives up on
+    (cancelled at shutdown) goes on waiting at the broker until its ``wait_s`` ends, and a message it takes then
+    is received (counted, invisible for its visibility timeout) with nobody to read it: ``orphaned``.
+
+    ``polls`` are the receives still open; the test decides when they end (they end by the broker's clock)."""
+
+    def __init__(self, broker: MemoryBroker, name: str) -> None:
+        super().__init__(broker, name)
+        self.polls: set[asyncio.Task[list[Message]]] = set()
+        self.orphaned: list[Message] = []
+
+    async def receive(self, *, max_messages: int, wait_s: int, visibility_timeout_s: int) -> list[Message]:
+        poll = asyncio.ensure_future(
+            super().receive(max_messages=max_messages, wait_s=wait_s, visibility_timeout_s=visibility_timeout_s)
+        )
+        self.polls.add(poll)
+        poll.add_done_callback(self.polls.discard)
+        try:
+            return await asyncio.shield(poll)
+        except asyncio.CancelledError:
+            poll.add_done_callback(self._orphan)
+            raise
+
+    def _orphan(self, poll: asyncio.Task[list[Message]]) -> None:
+        if not poll.cancelled() and poll.exception() is None:
+            self.orphaned.extend(poll.result())

@@ -398,7 +398,7 @@ class MemoryBroker:
                     moved = True
                     continue
                 picked.append(self._deliver(state, message, now, timeout_s))
-            next_due_s = None if picked else self._next_due_s(now)
+            next_due_s = None if picked else self._next_due_s(now, name)
             if not picked and waiter is not None:
                 self._waiters.append(waiter)
         if moved:

@@ -4,7 +4,6 @@ cap) and renew their idempotency leases, while their jobs run or wait their turn
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any
 
 from worker.backends.batching import EntryFailed
@@ -12,6 +11,7 @@ from worker.backends.protocols import MessageQueue
 from worker.errors import LedgerUnavailable, QueueUnavailable
 from worker.observability.events import Kind, Observers
 from worker.policy import visibility_cap_s
+from worker.runtime.clock import SYSTEM_CLOCK, Clock
 from worker.runtime.held import Connectivity, Held
 from worker.runtime.slots import Slots
 from worker.runtime.threads import JobThreads
@@ -41,8 +41,10 @@ class Heartbeat:
         dynamodb: Connectivity,
         ledger: Ledger | None = None,
         threads: JobThreads | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.queue = queue
+        self.clock = clock
         self._held: dict[str, Held] = {}
         self.slots = slots
         self.visibility_timeout_s = visibility_timeout_s
@@ -77,7 +79,7 @@ class Heartbeat:
                 free_slots=self.slots.total - len(self._held),
                 stuck_threads=0 if self.threads is None else self.threads.stuck,
             )
-            now = time.monotonic()
+            now = self.clock.monotonic()
             threshold = self.visibility_timeout_s * EXTEND_BELOW_SHARE
             for held in self.tracked():
                 if held.finishing or held.lost or (held.extension is not None and not held.extension.done()):
@@ -87,7 +89,7 @@ class Heartbeat:
             await asyncio.sleep(HEARTBEAT_TICK_S)  # a fixed cadence; nothing to await but time
 
     async def _extend(self, held: Held) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         timeout_s = min(self.visibility_timeout_s, visibility_cap_s(elapsed_since_receive_s=now - held.received_at))
         if timeout_s <= 0:
             return

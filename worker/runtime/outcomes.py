@@ -19,7 +19,6 @@ import contextlib
 import logging
 import math
 import random
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -35,6 +34,7 @@ from worker.flow.attempts import MAX_MESSAGE_ATTRIBUTES, HoldMemory, held_copy_a
 from worker.flow.delays import DUE_AT_ATTRIBUTE, MAX_HOP_S, due_at_of, format_due_at
 from worker.observability.events import Kind, Observers
 from worker.policy import visibility_cap_s
+from worker.runtime.clock import SYSTEM_CLOCK, Clock
 from worker.runtime.held import Held
 
 log = logging.getLogger("worker")
@@ -64,9 +64,16 @@ class Outcomes:
     """The four ways a held message leaves this worker, each reported to the observers."""
 
     def __init__(
-        self, *, queue: MessageQueue, dlq: MessageQueue, observers: Observers, max_hop_s: int = MAX_HOP_S
+        self,
+        *,
+        queue: MessageQueue,
+        dlq: MessageQueue,
+        observers: Observers,
+        max_hop_s: int = MAX_HOP_S,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.queue = queue
+        self.clock = clock
         self.dlq = dlq
         self.observers = observers
         self.max_hop_s = max_hop_s
@@ -95,7 +102,7 @@ class Outcomes:
 
     async def retry(self, held: Held, delay_s: int, error: str, duration_s: float) -> None:
         await self.settle(held)
-        delay_s = min(delay_s, visibility_cap_s(elapsed_since_receive_s=time.monotonic() - held.received_at))
+        delay_s = min(delay_s, visibility_cap_s(elapsed_since_receive_s=self.clock.monotonic() - held.received_at))
         try:
             await held.queue_or(self.queue).set_visibility(held.message.receipt_handle, delay_s)
         except (EntryFailed, QueueUnavailable) as exc:
@@ -133,7 +140,7 @@ class Outcomes:
             self.emit(Kind.RELEASED, held, delay_s=float(delay_s), reason=reason)
             return
         self.holds.note(held.message.message_id)
-        cap_s = visibility_cap_s(elapsed_since_receive_s=time.monotonic() - held.received_at)
+        cap_s = visibility_cap_s(elapsed_since_receive_s=self.clock.monotonic() - held.received_at)
         try:
             await queue.set_visibility(held.message.receipt_handle, min(delay_s, cap_s))
         except (EntryFailed, QueueUnavailable) as exc:
@@ -151,7 +158,7 @@ class Outcomes:
                 due_at = due_at_of(message.message_attributes)
             except ValueError:
                 due_at = None
-            wanted = datetime.now(UTC) + timedelta(seconds=delay_s)
+            wanted = datetime.fromtimestamp(self.clock.time(), UTC) + timedelta(seconds=delay_s)
             attributes[DUE_AT_ATTRIBUTE] = {
                 "DataType": "String",
                 "StringValue": format_due_at(max(wanted, due_at) if due_at is not None else wanted),
@@ -192,7 +199,7 @@ class Outcomes:
             Decided(category, error, held.job_type, message.receipt_handle, workflow_id=held.workflow_id),
         )
         attributes = await self._attributes(held, category, error)
-        tries, first_try = 0, time.monotonic()
+        tries, first_try = 0, self.clock.monotonic()
         while True:
             try:
                 await self._dlq(held).send(
@@ -208,7 +215,7 @@ class Outcomes:
                     return  # a newer receive of this message took the dead-lettering over
                 tries += 1
                 delay_s = retry_delay_s(
-                    budget=SEND, failures=tries, elapsed_s=time.monotonic() - first_try, jitter=random.random()
+                    budget=SEND, failures=tries, elapsed_s=self.clock.monotonic() - first_try, jitter=random.random()
                 )
                 assert delay_s is not None  # SEND never gives up
                 if content_refused(exc) and attributes:
@@ -258,7 +265,7 @@ class Outcomes:
             receive_count=held.receive_count,
             source_queue=held.queue_or(self.queue).name,
             original_message_id=message.message_id,
-            failed_at=datetime.now(UTC),
+            failed_at=datetime.fromtimestamp(self.clock.time(), UTC),
             original=without_counts(message.message_attributes),
             body=message.body,
             max_message_bytes=limit,
@@ -287,7 +294,7 @@ class Outcomes:
 
     async def _hold(self, held: Held, delay_s: float) -> bool:
         """Keep the message invisible past the next try. False when the 12-hour limit leaves no time."""
-        cap_s = visibility_cap_s(elapsed_since_receive_s=time.monotonic() - held.received_at)
+        cap_s = visibility_cap_s(elapsed_since_receive_s=self.clock.monotonic() - held.received_at)
         if cap_s <= delay_s:
             return False
         with contextlib.suppress(EntryFailed, QueueUnavailable):

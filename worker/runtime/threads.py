@@ -97,6 +97,7 @@ class JobThreads:
         self._closed = False
         self._waiting_logged = False
         self._wait_on_cancel_until: float | None = None
+        self._awaited = 0
 
     # ------------------------------------------------------------------------------------------ the loop's side
 
@@ -108,6 +109,15 @@ class JobThreads:
         On a timeout or a cancellation the thread runs on as a stuck thread and a replacement starts. ``owner``
         names the call for :meth:`is_running`; ``log_fields`` go on the log lines about it.
         """
+        self._awaited += 1
+        try:
+            return await self._run(fn, timeout_s=timeout_s, owner=owner, log_fields=log_fields)
+        finally:
+            self._awaited -= 1
+
+    async def _run(
+        self, fn: Callable[[], T], *, timeout_s: float, owner: object, log_fields: dict[str, Any] | None
+    ) -> T:
         call = _Call(fn, asyncio.get_running_loop(), owner, dict(log_fields or {}))
         self._submit(call)
         try:
@@ -197,6 +207,11 @@ class JobThreads:
         """Whether a thread is running a call of ``owner`` now (stuck or not)."""
         with self._lock:
             return any(call.owner is owner for call in self._running)
+
+    @property
+    def awaited(self) -> int:
+        """Calls the loop is waiting for now (queued, running, or their outcome on its way to the loop)."""
+        return self._awaited
 
     @property
     def stuck(self) -> int:

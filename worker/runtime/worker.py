@@ -16,7 +16,6 @@ import functools
 import logging
 import math
 import random
-import time
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from worker.middleware import call_through
 from worker.observability.events import Kind, Observers
 from worker.observability.tracing import attempt_span
 from worker.policy import BUG, EXHAUSTED, PERMANENT, Action, describe_error
+from worker.runtime.clock import SYSTEM_CLOCK, Clock
 from worker.runtime.execution import (
     PreparedJob,
     build_context,
@@ -102,6 +102,7 @@ class Worker:
         gate: Gate | None = None,
         routes: list[Route] | None = None,
         mode: Mode = Mode.WEIGHTED,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if routes is None:
             if queue is None or dlq is None:
@@ -113,6 +114,7 @@ class Worker:
         self.routes = routes
         self.queue = routes[0].queue
         self.dlq = routes[0].dlq
+        self.clock = clock
         self.options = options
         self.observers = observers or Observers()
         self.ledger = ledger
@@ -133,10 +135,12 @@ class Worker:
         #: goes on at SQS although nobody reads its answer).
         self._abandoned_until = 0.0
         #: Threads for plain ``def`` handlers: one healthy thread per slot, whatever stuck threads do.
-        self._threads = JobThreads(options.concurrency)
+        self._threads = JobThreads(options.concurrency, monotonic=clock.monotonic)
         self._sqs = Connectivity("sqs", self.observers)
         self._dynamodb = Connectivity("dynamodb", self.observers)
-        self.outcomes = Outcomes(queue=self.queue, dlq=self.dlq, observers=self.observers, max_hop_s=options.max_hop_s)
+        self.outcomes = Outcomes(
+            queue=self.queue, dlq=self.dlq, observers=self.observers, max_hop_s=options.max_hop_s, clock=clock
+        )
         self.heartbeat = Heartbeat(
             queue=self.queue,
             slots=self._slots,
@@ -146,6 +150,7 @@ class Worker:
             dynamodb=self._dynamodb,
             ledger=ledger,
             threads=self._threads,
+            clock=clock,
         )
         self.fatal: BaseException | None = None
         self._warned_unguarded = False
@@ -205,7 +210,7 @@ class Worker:
                     visibility_timeout_s=self.options.visibility_timeout_s,
                 )
             )
-            self._polls[receive] = began = time.monotonic()
+            self._polls[receive] = began = self.clock.monotonic()
             receive.add_done_callback(self._polls.pop)
             try:
                 done, _ = await asyncio.wait({receive}, timeout=self._receivers.lend_after_s(index))
@@ -236,7 +241,7 @@ class Worker:
             failures = 0
             self._sqs.up()
             self._receivers.answered(
-                index, asked=asked, received=len(messages), lent=lent, elapsed_s=time.monotonic() - began
+                index, asked=asked, received=len(messages), lent=lent, elapsed_s=self.clock.monotonic() - began
             )
             # What its reservation still holds (a lent one or one borrowed from holds less), then free or borrowed
             # slots; the rest waits for a slot.
@@ -282,11 +287,11 @@ class Worker:
         """The visibility a message is put back with: 0, except while a receive abandoned at shutdown may still be
         open at SQS; then until it has ended, so the worker's own abandoned long poll cannot take the message for a
         whole visibility timeout (and count a receive)."""
-        return max(0, math.ceil(self._abandoned_until - time.monotonic()))
+        return max(0, math.ceil(self._abandoned_until - self.clock.monotonic()))
 
     def _held(self, message: Message, route: Route | None = None) -> Held:
         """A received message, with its attempt and receive counts (``worker.flow.attempts``)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         counts = counts_of(
             message_attributes=message.message_attributes,
             approximate_receive_count=message.receive_count,
@@ -424,10 +429,10 @@ class Worker:
             error = f"{DUE_AT_ATTRIBUTE} on a FIFO queue: FIFO queues take no per-message delay"
             await self._finish(held, self.outcomes.dead_letter(held, INVALID_MESSAGE, error))
             return False
-        action = due_action(due_at=due_at, now=datetime.now(UTC), max_hop_s=self.options.max_hop_s)
+        action = due_action(due_at=due_at, now=self._now(), max_hop_s=self.options.max_hop_s)
         while action.action == "wait":  # the loop's monotonic clock may wake a hair before the wall clock's due time
             await asyncio.sleep(action.seconds)
-            action = due_action(due_at=due_at, now=datetime.now(UTC), max_hop_s=self.options.max_hop_s)
+            action = due_action(due_at=due_at, now=self._now(), max_hop_s=self.options.max_hop_s)
         if action.action == "hop":
             await self._finish(held, self.outcomes.hold_back(held, math.ceil(action.seconds), "not yet due"))
             return True
@@ -469,6 +474,9 @@ class Worker:
             await self.gate.report(held.ticket, outcome, job_type=held.job_type)
         except LedgerUnavailable as exc:
             self._dynamodb.down(exc)
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock.time(), UTC)
 
     async def _claim(self, held: Held, job: PreparedJob) -> bool | None:
         """Take the job's idempotency claim. None: go ahead and run it; a bool: the outcome is settled."""
@@ -547,9 +555,9 @@ class Worker:
         """Call the handler through the middleware and apply the outcome. True when the job succeeded."""
         message = held.message
         sent_ms = message.sent_timestamp_ms
-        queue_wait_s = max(0.0, time.time() - sent_ms / 1000) if sent_ms else None
+        queue_wait_s = max(0.0, self.clock.time() - sent_ms / 1000) if sent_ms else None
         self._emit(Kind.STARTED, held, queue_wait_s=queue_wait_s)
-        started = time.monotonic()
+        started = self.clock.monotonic()
         handler = functools.partial(call_handler, job, context, self._threads, owner=held)
         held.handler = asyncio.ensure_future(call_through(self.registry.middlewares, context, handler))
         try:
@@ -563,12 +571,12 @@ class Worker:
                 return False
             # Nobody in the worker cancelled it: the handler raised CancelledError itself. That is the job's
             # failure (retried with backoff, counted), not a shutdown.
-            await self._finish(held, self._failed(held, job, exc, time.monotonic() - started))
+            await self._finish(held, self._failed(held, job, exc, self.clock.monotonic() - started))
             return False
         except Exception as exc:
-            await self._finish(held, self._failed(held, job, exc, time.monotonic() - started))
+            await self._finish(held, self._failed(held, job, exc, self.clock.monotonic() - started))
             return False
-        await self._finish(held, self._succeeded(held, job, result, time.monotonic() - started))
+        await self._finish(held, self._succeeded(held, job, result, self.clock.monotonic() - started))
         return True
 
     async def _succeeded(self, held: Held, job: PreparedJob, result: Any, duration_s: float) -> None:

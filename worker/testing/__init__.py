@@ -212,6 +212,7 @@ class InMemoryWorker:
             options=self.options,
             observers=Observers([recorder, *self._observers]),
             ledger=Ledger(store=self.store, owner="memory-worker", clock=self.broker.clock.time),
+            clock=self.broker.clock,
         )
         stop = asyncio.Event()
         with use_producer(self.producer):
