@@ -44,7 +44,7 @@ HERE = Path(__file__).parent
 ACTIONS = {
     "requeue": "Requeue the selected dead letters",
     "requeue_group": "Requeue every dead letter of this group",
-    "redrive": "Redrive all dead letters to the queue",
+    "redrive": "Redrive all dead letters to their queue",
     "purge": "Purge the dead-letter queue (cannot be undone)",
 }
 
@@ -70,7 +70,8 @@ class Dashboard:
             csrf_field=CSRF_FIELD,
             csrf=self.gate.csrf_token(user),
             actions_enabled=self.gate.actions_enabled,
-            queue=self.sources.queue_name,
+            queue=", ".join(self.sources.queue_names),
+            queues=self.sources.queue_names,
             table=self.sources.table,
             page=template.removesuffix(".html"),
         )
@@ -92,8 +93,8 @@ class Dashboard:
             for row in stats:
                 self.history.sample_depth(row.name, row.visible + row.in_flight + row.delayed, now_s=now_s)
             reported = self.history.sample_workers(workers, now_s=now_s)
-            dlq = stats[1]
-            self.history.sample_dlq(dlq.visible + dlq.in_flight, now_s=now_s, count_dead_letters=not reported)
+            dead = sum(row.visible + row.in_flight for row in stats if row.role == "dlq")
+            self.history.sample_dlq(dead, now_s=now_s, count_dead_letters=not reported)
 
     def overview(self) -> dict[str, Any]:
         now = datetime.now(UTC)
@@ -181,14 +182,17 @@ async def dead_letters_page(request: Request) -> Response:
     letters, audit = await asyncio.gather(
         asyncio.to_thread(dashboard.sources.dead_letters), asyncio.to_thread(dashboard.sources.audit_trail)
     )
-    chosen = [letter for letter in letters if _matches(words, letter.error_message, letter.job_type, letter.category)]
+    chosen = [
+        q for q in letters if _matches(words, q.letter.error_message, q.letter.job_type, q.letter.category, q.queue)
+    ]
     return dashboard.render(
         request,
         "dead_letters.html",
         query=query,
         letters=chosen,
         read=len(letters),
-        groups=group_dead_letters(chosen),
+        groups=group_dead_letters([q.letter for q in chosen]),
+        lanes=dashboard.sources.lanes,
         audit=audit,
         done=request.query_params.get("done"),
     )
@@ -197,9 +201,10 @@ async def dead_letters_page(request: Request) -> Response:
 async def letter_page(request: Request) -> Response:
     dashboard = _dash(request)
     ident = request.path_params["message_id"]
-    letter = await asyncio.to_thread(dashboard.sources.dlq().find, ident, limit=500)
-    if letter is None:
+    found = await asyncio.to_thread(dashboard.sources.find, ident, limit=500)
+    if found is None:
         return dashboard.render(request, "letter.html", 404, letter=None, ident=ident)
+    letter = found.letter
     described = letter.describe()
     attributes = {k: dashboard.redactor.redact_text(str(v)) for k, v in described.pop("message_attributes").items()}
     described.pop("body")
@@ -207,6 +212,7 @@ async def letter_page(request: Request) -> Response:
         request,
         "letter.html",
         letter=letter,
+        source_queue=found.queue,
         ident=ident,
         described=described,
         attributes=attributes,
@@ -227,14 +233,24 @@ async def dead_letter_action(request: Request) -> Response:
     reason = str(form.get("reason", "")).strip()
     if action == "requeue" and not ids:
         return PlainTextResponse("400 Bad Request: select at least one dead letter\n", status_code=400)
+    sources = dashboard.sources
+    lane = None
+    if action == "purge":  # one queue's DLQ at a time, named on the confirmation page
+        try:
+            lane = sources.lane(str(form.get("queue", "")) or None)
+        except WorkerError as exc:
+            return PlainTextResponse(f"400 Bad Request: purge: {exc}\n", status_code=400)
     if form.get("confirmed") != "yes" or not reason:
         context = {"action": action, "title": ACTIONS[action], "ids": ids, "group": group, "reason": reason}
-        return dashboard.render(request, "confirm.html", 200, missing_reason=form.get("confirmed") == "yes", **context)
+        if lane is not None:
+            context["title"] = f"Purge {lane.dlq_name}, the dead-letter queue of {lane.name} (cannot be undone)"
+        return dashboard.render(
+            request, "confirm.html", 200, missing_reason=form.get("confirmed") == "yes", lane=lane, **context
+        )
     user = request.state.user
-    sources = dashboard.sources
-    if action == "purge":
-        count = await asyncio.to_thread(sources.purge)
-        outcome, detail = count, f"purged {sources.dlq_url.rsplit('/', 1)[-1]} (about {count} message(s))"
+    if lane is not None:
+        count = await asyncio.to_thread(sources.purge, lane)
+        outcome, detail = count, f"purged {lane.dlq_name} of {lane.name} (about {count} message(s))"
     else:
         if action == "redrive":
             result = await asyncio.to_thread(sources.redrive_all)

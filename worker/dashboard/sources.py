@@ -1,5 +1,9 @@
 """What the dashboard reads and does, through blocking boto3 clients (the app runs these in threads).
 
+It covers every configured queue (WORKER_QUEUES, else WORKER_QUEUE) and each one's own DLQ (its redrive
+target, else ``<queue>-dlq``, as the ``dlq`` commands resolve it): a dead letter goes back to the queue whose
+DLQ it was read from.
+
 The queue counts come from ``worker.ops.stats``, the dead letters and their actions from ``worker.ops.dlq``
 (the same code as the ``dlq`` commands: send before delete, snapshot-bounded redrive, audited requeue), the job
 records from the ledger table: one GetItem by key, and Queries of its status index for the recent failed and
@@ -19,7 +23,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from worker.backends.aws import resolve_queue_url_sync, sync_client, translate
-from worker.errors import LedgerUnavailable
+from worker.errors import ConfigError, LedgerUnavailable
 from worker.idempotency import Record, parse_record, storage_key
 from worker.idempotency.dynamodb import STATUS_INDEX, decode_item
 from worker.names import queue_name_of
@@ -73,6 +77,27 @@ class CachedStatistics:
 
 
 @dataclass(frozen=True)
+class Lane:
+    """One configured queue and its DLQ."""
+
+    name: str
+    queue_url: str
+    dlq_url: str
+
+    @property
+    def dlq_name(self) -> str:
+        return queue_name_of(self.dlq_url)
+
+
+@dataclass(frozen=True)
+class QueuedLetter:
+    """A dead letter and the configured queue whose DLQ it was read from (where a requeue sends it)."""
+
+    queue: str
+    letter: DeadLetter
+
+
+@dataclass(frozen=True)
 class AuditEntry:
     at: str
     who: str
@@ -94,7 +119,10 @@ class WorkerInfo:
 
 
 class Sources:
-    """The dashboard's reads and actions for one queue, its DLQ and (when configured) the ledger table."""
+    """The dashboard's reads and actions for the configured queues, their DLQs and (when set) the ledger table.
+
+    ``queue_url``, ``dlq_url`` and ``queue_name`` are the first queue's: "fire now" sends there, and the worker
+    publishes its metrics under that name for the whole set."""
 
     def __init__(self, settings: WorkerSettings) -> None:
         connection = settings.aws().client_kwargs()
@@ -103,20 +131,42 @@ class Sources:
         self.cloudwatch = sync_client("cloudwatch", connection=connection)
         self.dynamodb = sync_client("dynamodb", connection=connection) if settings.idempotency_table else None
         self.table = settings.idempotency_table
-        self.queue_url = resolve_queue_url_sync(self.sqs, settings.queue)
-        self.dlq_url = resolve_dlq_url(self.sqs, self.queue_url, settings.dead_letter_queue)
-        self.queue_name = queue_name_of(self.queue_url)
+        self.lanes: list[Lane] = []
+        for spec in settings.queue_set():
+            queue_url = resolve_queue_url_sync(self.sqs, spec.queue)
+            dlq_url = resolve_dlq_url(self.sqs, queue_url, settings.dead_letter_queue)
+            self.lanes.append(Lane(queue_name_of(queue_url), queue_url, dlq_url))
+        self.queue_url = self.lanes[0].queue_url
+        self.dlq_url = self.lanes[0].dlq_url
+        self.queue_name = self.lanes[0].name
         self._memory_audit: list[AuditEntry] = []
         self._statistics = CachedStatistics(self.cloudwatch)
         self._series: tuple[float, dict[str, list[tuple[int, float]]] | None] | None = None
 
     # -- queues and metrics
 
+    @property
+    def queue_names(self) -> list[str]:
+        return [lane.name for lane in self.lanes]
+
+    def lane(self, name: str | None) -> Lane:
+        """The lane of queue ``name``; without a name, the only one (an error with several)."""
+        if name:
+            for lane in self.lanes:
+                if name in (lane.name, lane.dlq_name):
+                    return lane
+            raise ConfigError(f"{name}: not a configured queue ({', '.join(self.queue_names)})")
+        if len(self.lanes) > 1:
+            raise ConfigError(f"several queues are configured ({', '.join(self.queue_names)}): name one")
+        return self.lanes[0]
+
     def queues(self) -> list[QueueStats]:
-        return [
-            queue_stats(self.sqs, self.queue_url, role="queue", cloudwatch=self._statistics),
-            queue_stats(self.sqs, self.dlq_url, role="dlq", cloudwatch=self._statistics),
-        ]
+        """Each queue, highest priority first, followed by its DLQ."""
+        rows = []
+        for lane in self.lanes:
+            rows.append(queue_stats(self.sqs, lane.queue_url, role="queue", cloudwatch=self._statistics))
+            rows.append(queue_stats(self.sqs, lane.dlq_url, role="dlq", cloudwatch=self._statistics))
+        return rows
 
     def published_series(self, *, now: datetime) -> dict[str, list[tuple[int, float]]] | None:
         """Jobs per minute over the last hour from the worker's CloudWatch metrics, or None when none were
@@ -159,33 +209,50 @@ class Sources:
 
     # -- dead letters
 
-    def dlq(self) -> DeadLetterQueue:
-        return DeadLetterQueue(self.sqs, dlq_url=self.dlq_url, source_url=self.queue_url)
+    def dlq(self, lane: Lane | None = None) -> DeadLetterQueue:
+        chosen = lane or self.lanes[0]
+        return DeadLetterQueue(self.sqs, dlq_url=chosen.dlq_url, source_url=chosen.queue_url)
 
-    def dead_letters(self, *, limit: int = READ_LIMIT) -> list[DeadLetter]:
-        return self.dlq().read(limit=limit)
+    def dead_letters(self, *, limit: int = READ_LIMIT) -> list[QueuedLetter]:
+        """Up to ``limit`` dead letters of each queue's DLQ, highest priority first, each with its queue."""
+        return [QueuedLetter(lane.name, letter) for lane in self.lanes for letter in self.dlq(lane).read(limit=limit)]
+
+    def find(self, ident: str, *, limit: int = READ_LIMIT) -> QueuedLetter | None:
+        for lane in self.lanes:
+            letter = self.dlq(lane).find(ident, limit=limit)
+            if letter is not None:
+                return QueuedLetter(lane.name, letter)
+        return None
 
     def requeue(self, *, ids: Sequence[str], group: tuple[str, str] | None, by: str, reason: str) -> MoveResult:
-        """Requeue the dead letters with these ids, or those of one (category, error message) group."""
-        dlq = self.dlq()
+        """Requeue the dead letters with these ids, or those of one (category, error message) group, from every
+        queue's DLQ, each back to its own queue."""
         wanted = set(ids)
-        with dlq.held(limit=READ_LIMIT) as letters:
-            if group is not None:
-                chosen = [letter for letter in letters if (letter.category, letter.error_message) == group]
-            else:
-                chosen = [letter for letter in letters if wanted & {letter.message_id, letter.original_message_id}]
-            return requeue(dlq, chosen, by=by, reason=reason, at=now_utc())
+        results = []
+        for lane in self.lanes:
+            dlq = self.dlq(lane)
+            with dlq.held(limit=READ_LIMIT) as letters:
+                if group is not None:
+                    chosen = [letter for letter in letters if (letter.category, letter.error_message) == group]
+                else:
+                    chosen = [letter for letter in letters if wanted & {letter.message_id, letter.original_message_id}]
+                if chosen:
+                    results.append(requeue(dlq, chosen, by=by, reason=reason, at=now_utc()))
+        return combined(results, "requeue")
 
     def redrive_all(self) -> MoveResult:
-        """What ``sqs-worker dlq redrive --yes`` does: a move task where the endpoint has them, else receive,
-        send, delete; either way only the messages in the DLQ when it starts."""
-        dlq = self.dlq()
+        """What ``sqs-worker dlq redrive --yes`` does, for each queue's DLQ back to that queue: a move task where
+        the endpoint has them, else receive, send, delete; either way only the messages in the DLQ when it starts."""
+        return combined([self._redrive(lane) for lane in self.lanes], "nothing to move")
+
+    def _redrive(self, lane: Lane) -> MoveResult:
+        dlq = self.dlq(lane)
         snapshot = dlq.snapshot()
         if snapshot.count == 0:
             return MoveResult("nothing to move", total=0)
-        dlq_arn = queue_arn(self.sqs, self.dlq_url)
+        dlq_arn = queue_arn(self.sqs, lane.dlq_url)
         handle = start_move_task(
-            self.sqs, dlq_arn=dlq_arn, source_arn=queue_arn(self.sqs, self.queue_url), rate_per_s=MOVE_TASK_MAX_RATE
+            self.sqs, dlq_arn=dlq_arn, source_arn=queue_arn(self.sqs, lane.queue_url), rate_per_s=MOVE_TASK_MAX_RATE
         )
         if handle is not None:
             return wait_move_task(
@@ -198,8 +265,9 @@ class Sources:
             )
         return redrive_by_receiving(dlq, limiter=RateLimiter(None), snapshot=snapshot)
 
-    def purge(self) -> int:
-        dlq = self.dlq()
+    def purge(self, lane: Lane) -> int:
+        """Purge one queue's DLQ (as ``dlq purge --queue NAME``); returns about how many it held."""
+        dlq = self.dlq(lane)
         total = dlq.approximate_count() or 0
         dlq.purge()
         return total
@@ -297,6 +365,22 @@ class Sources:
 
     def _unavailable(self, operation: str, exc: Exception) -> LedgerUnavailable:
         return LedgerUnavailable(str(translate(exc, operation, service="dynamodb", resource=self.table)))
+
+
+def combined(results: Sequence[MoveResult], nothing: str) -> MoveResult:
+    """One result for the moves of several DLQs (their methods joined when they differ)."""
+    moved = [result for result in results if result.method != "nothing to move"]
+    if not moved:
+        return MoveResult(nothing, total=0)
+    methods = sorted({result.method for result in moved})
+    totals = [result.total for result in results]
+    return MoveResult(
+        " and ".join(methods),
+        moved=sum(result.moved for result in results),
+        total=None if any(total is None for total in totals) else sum(t or 0 for t in totals),
+        failed=[item for result in results for item in result.failed],
+        new_message_ids=[item for result in results for item in result.new_message_ids],
+    )
 
 
 def describe_result(result: MoveResult) -> str:
