@@ -43,6 +43,10 @@ log = logging.getLogger("worker")
 DEAD_LETTER_HOLD_S = 60
 #: Dead-letter decisions remembered by message id (the oldest are forgotten first; about 1 KiB each).
 MAX_DECIDED = 1_000
+#: The release reason of a message whose body alone is larger than its DLQ's MaximumMessageSize.
+DLQ_TOO_SMALL = "too large for the DLQ"
+#: Such a message is kept in its source queue, invisible this long (at most to the 12-hour limit) each time.
+DLQ_TOO_SMALL_HOLD_S = 3600
 #: SQS's maximum message size before August 2025, still the default of some queues and emulators.
 LEGACY_MAX_MESSAGE_BYTES = 262_144
 
@@ -194,6 +198,8 @@ class Outcomes:
         if previous is not None and previous.sent:
             await self._delete_dead_lettered(held)
             return
+        if await self._too_large_for_dlq(held, category):
+            return
         entry = self._remember(
             message.message_id,
             Decided(category, error, held.job_type, message.receipt_handle, workflow_id=held.workflow_id),
@@ -240,6 +246,37 @@ class Outcomes:
         entry.sent = True
         await self._delete_dead_lettered(held)
         self.emit(Kind.DEAD_LETTERED, held, category=category, error=error, duration_s=duration_s)
+
+    async def _too_large_for_dlq(self, held: Held, category: str) -> bool:
+        """True when the body alone is larger than the DLQ's MaximumMessageSize (read again, in case it was
+        raised): the message can never be dead-lettered, so it is kept in its source queue, released for
+        DLQ_TOO_SMALL_HOLD_S, with an ERROR line and a ``released`` event; never deleted, never sent in a loop."""
+        dlq = self._dlq(held)
+        size = message_bytes(held.message.body, {})
+        if size <= await self.dlq_max_message_bytes(dlq):
+            return False
+        self._dlq_limits.pop(dlq.name, None)
+        limit = await self.dlq_max_message_bytes(dlq)
+        if size <= limit:
+            return False
+        queue = held.queue_or(self.queue)
+        cap_s = visibility_cap_s(elapsed_since_receive_s=self.clock.monotonic() - held.received_at)
+        hold_s = max(0, min(DLQ_TOO_SMALL_HOLD_S, math.floor(cap_s)))
+        log.error(
+            "cannot dead-letter (%s): the body is %d bytes and the DLQ %s takes at most %d (its MaximumMessageSize); "
+            "kept in %s, invisible for %d s: raise the DLQ's MaximumMessageSize (sqs-worker bootstrap does)",
+            category,
+            size,
+            dlq.name,
+            limit,
+            queue.name,
+            hold_s,
+            extra=held.log_fields(self.queue.name),
+        )
+        with contextlib.suppress(EntryFailed, QueueUnavailable):
+            await queue.set_visibility(held.message.receipt_handle, hold_s)
+        self.emit(Kind.RELEASED, held, delay_s=float(hold_s), reason=DLQ_TOO_SMALL, category=category)
+        return True
 
     async def _attributes(self, held: Held, category: str, error: str) -> dict[str, dict[str, Any]]:
         return self._fitted(held, category, error, await self.dlq_max_message_bytes(self._dlq(held)))
