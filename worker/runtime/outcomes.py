@@ -20,6 +20,7 @@ import logging
 import math
 import random
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,6 +37,7 @@ from worker.observability.events import Kind, Observers
 from worker.policy import visibility_cap_s
 from worker.runtime.clock import SYSTEM_CLOCK, Clock
 from worker.runtime.held import Held
+from worker.runtime.queueset import Route
 
 log = logging.getLogger("worker")
 
@@ -246,6 +248,24 @@ class Outcomes:
         entry.sent = True
         await self._delete_dead_lettered(held)
         self.emit(Kind.DEAD_LETTERED, held, category=category, error=error, duration_s=duration_s)
+
+    async def check_dlq_sizes(self, routes: Sequence[Route]) -> None:
+        """At start: one ERROR line per DLQ whose MaximumMessageSize is smaller than its source queue's (a body
+        between the two could never be dead-lettered; it would be kept in the source queue)."""
+        for route in routes:
+            source_bytes = await route.queue.maximum_message_bytes()
+            dlq_bytes = await self.dlq_max_message_bytes(route.dlq)
+            if source_bytes is not None and dlq_bytes < source_bytes:
+                log.error(
+                    "the DLQ %s takes messages of at most %d bytes (its MaximumMessageSize) but %s takes %d: a "
+                    "larger body can never be dead-lettered and stays in %s; run `sqs-worker bootstrap` or raise "
+                    "the DLQ's MaximumMessageSize",
+                    route.dlq.name,
+                    dlq_bytes,
+                    route.queue.name,
+                    source_bytes,
+                    route.queue.name,
+                )
 
     async def _too_large_for_dlq(self, held: Held, category: str) -> bool:
         """True when the body alone is larger than the DLQ's MaximumMessageSize (read again, in case it was

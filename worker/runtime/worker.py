@@ -186,6 +186,7 @@ class Worker:
             },
         )
         try:
+            await self.outcomes.check_dlq_sizes(self.routes)
             await stop.wait()
         finally:
             await self._shutdown(receivers, heartbeat)
