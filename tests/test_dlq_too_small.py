@@ -46,7 +46,8 @@ async def test_a_body_too_large_for_the_dlq_is_kept_in_the_source_queue(
     assert counts["ApproximateNumberOfMessagesNotVisible"] == 1  # kept, invisible, not deleted
     assert sum(queue_counts(client, queues.dlq_url).values()) == 0
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert any("262144" in e and "MaximumMessageSize" in e and f"body is {len(body)} bytes" in e for e in errors), errors
+    size = f"body is {len(body)} bytes"
+    assert any("262144" in e and "MaximumMessageSize" in e and size in e for e in errors), errors
     [at_start] = [e for e in errors if "can never be dead-lettered" in e]  # one line at start, naming both sizes
     assert "takes messages of at most 262144 bytes" in at_start and f"takes {MIB}" in at_start
 
