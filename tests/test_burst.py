@@ -27,7 +27,7 @@ def summary_lines(stdout: str) -> list[str]:
 
 
 def test_burst_drains_the_queue_waits_for_retries_and_exits_0(backend: Backend, tmp_path: Path) -> None:
-    env, url = burst_env(backend, tmp_path)
+    env, url = burst_env(backend, tmp_path, WORKER_METRICS="emf")  # the default: EMF lines on stdout too
     client = sqs_client(backend.endpoint_url)
     bodies = [{"type": "ok", "payload": {"n": n}} for n in range(3)] + [{"type": "flaky"}, {"type": "refused"}]
     for body in bodies:
@@ -36,6 +36,9 @@ def test_burst_drains_the_queue_waits_for_retries_and_exits_0(backend: Backend, 
     result = cli("run", "--burst", env=env, timeout_s=90)
     assert result.returncode == 0, result.stderr
     assert summary_lines(result.stdout) == ["burst done: 5 succeeded, 1 retried, 1 dead-lettered; queue empty"]
+    *metrics, last = result.stdout.splitlines()
+    assert last == "burst done: 5 succeeded, 1 retried, 1 dead-lettered; queue empty"  # the last line, as promised
+    assert metrics and all("_aws" in json.loads(line) for line in metrics)  # before it: only EMF documents
     assert sorted(lines(tmp_path / "effects.txt")) == [
         "flaky attempt=1",
         "flaky attempt=2",  # its retry delay (2 s) was waited for

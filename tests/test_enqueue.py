@@ -17,6 +17,7 @@ from worker.errors import ConfigError
 from worker.jobs import Registry
 from worker.ops.bootstrap import Created
 from worker.producer import Job, send_batch
+from worker.producer import enqueue as producer_enqueue
 from worker.testing import InMemoryWorker
 
 
@@ -73,6 +74,25 @@ async def test_an_invalid_payload_raises_and_sends_nothing(backend: Backend, que
         ref.enqueue_many([{"to": "a@b.c", "subject": "ok"}, {"subject": "no to"}], producer=producer)
     with pytest.raises(ConfigError, match=r"delay_s must be between 0 and \d+ \(a year\)"):
         ref.enqueue({"to": "a@b.c", "subject": "x"}, producer=producer, delay_s=400 * 86400)
+    assert message_count(client, queues.queue_url) == 0
+
+
+@pytest.mark.memory
+async def test_a_lone_surrogate_raises_config_error_and_sends_nothing(backend: Backend, queues: Created) -> None:
+    client = sqs_client(backend.endpoint_url)
+    producer = SQSProducer(client, queues.queue_url)
+    _, send_email = registry_with_mail([])
+    unicode_error = "not valid Unicode.*nothing sent"
+    with pytest.raises(ConfigError, match=unicode_error):
+        send_email.enqueue({"to": "ada\ud800@example.com", "subject": "Hi"}, producer=producer)
+    with pytest.raises(ConfigError, match=unicode_error):
+        await job_ref("untyped").enqueue_async({"\udc00": 1}, producer=producer)
+    with pytest.raises(ConfigError, match=unicode_error):
+        job_ref("untyped").enqueue_many([{"a": "ok"}, {"a": ["\udfff"]}], producer=producer)
+    with pytest.raises(ConfigError, match="idempotency_key"):
+        job_ref("untyped").enqueue({}, idempotency_key="k\ud800", producer=producer)
+    with pytest.raises(ConfigError, match=unicode_error):
+        producer_enqueue(client, queues.queue_url, Job("untyped", {"a": "\ud800"}))
     assert message_count(client, queues.queue_url) == 0
 
 

@@ -193,7 +193,13 @@ async def test_a_due_time_on_a_fifo_message_or_a_malformed_one_is_dead_lettered(
     async def later(payload: dict[str, Any]) -> None:
         calls.append(payload)
 
-    for fifo, text in ((True, format_due_at(datetime.now(UTC) + timedelta(hours=1))), (False, "next tuesday")):
+    cases = [
+        (True, format_due_at(datetime.now(UTC) + timedelta(hours=1))),
+        (False, "next tuesday"),
+        (False, "9999-12-31T00:00:00Z"),  # more than a year ahead: would hop every 15 minutes forever
+        (False, format_due_at(datetime.now(UTC) + timedelta(days=366 + 2))),
+    ]
+    for fifo, text in cases:
         queues = make_queues(backend.endpoint_url, fifo=fifo)
         extra: dict[str, Any] = {"MessageGroupId": "g", "MessageDeduplicationId": "d"} if fifo else {}
         send(

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from worker.errors import ConfigError
 from worker.flow.attempts import (
+    MAX_RECEIVES,
+    MAX_RUNS,
     RECEIVES_ATTRIBUTE,
     RUNS_ATTRIBUTE,
     HoldMemory,
@@ -178,10 +180,19 @@ def test_holds_in_place_are_subtracted_while_remembered() -> None:
     assert memory.count("c") == 0
 
 
-@pytest.mark.parametrize("bad", ["x", "", "1.5", "-3"])
+@pytest.mark.parametrize("bad", ["x", "", "1.5", "-3", "99999999999999999999", "10001", "1_0", " 3", "+3", "٣"])
 def test_an_unreadable_count_counts_as_none(bad: str) -> None:
-    counts = counts_of(message_attributes={RUNS_ATTRIBUTE: attr(bad, "Number")}, approximate_receive_count=2)
-    assert counts.attempt == 2
+    counts = counts_of(
+        message_attributes={RUNS_ATTRIBUTE: attr(bad, "Number"), RECEIVES_ATTRIBUTE: attr(bad + "0" * 7, "Number")},
+        approximate_receive_count=2,
+    )
+    assert (counts.attempt, counts.receive_count) == (2, 2)
+
+
+def test_counts_up_to_their_bounds_are_read() -> None:
+    attributes = {RUNS_ATTRIBUTE: attr(str(MAX_RUNS), "Number"), RECEIVES_ATTRIBUTE: attr(str(MAX_RECEIVES), "Number")}
+    counts = counts_of(message_attributes=attributes, approximate_receive_count=1)
+    assert (counts.attempt, counts.receive_count) == (MAX_RUNS + 1, MAX_RECEIVES + 1)
 
 
 def test_dead_letter_and_redrive_drop_the_counts() -> None:

@@ -61,9 +61,9 @@ def body(payload: Any, job_type: str = "echo", **extra: Any) -> str:
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
-        (body({"n": 0}).replace("0", BIG_INT), "4300 digits"),
-        (body({"deep": {"list": [1, 2, 0]}}).replace("0", BIG_INT), "4300 digits"),
-        (body({"n": 0}).replace("0", "-" + BIG_INT), "4300 digits"),
+        (body({"n": 0}).replace("0", BIG_INT), "an integer of more than 4300 digits"),
+        (body({"deep": {"list": [1, 2, 0]}}).replace("0", BIG_INT), "an integer of more than 4300 digits"),
+        (body({"n": 0}).replace("0", "-" + BIG_INT), "an integer of more than 4300 digits"),
         ('{"type": "echo", "payload": {"a": ' + "[" * 100_000 + "]" * 100_000 + "}}", "deeper than"),
         ('{"type": "echo", "payload": ' + "[" * MAX_NESTING_DEPTH + "]" * MAX_NESTING_DEPTH + "}", "deeper than"),
         ('{"type": "echo", "payload": {"a": "\\ud800"}}', "not valid Unicode"),
@@ -88,8 +88,10 @@ def test_hostile_bodies_are_invalid_messages(text: str, reason: str) -> None:
         '{"type": "echo", "payload": {"a": ' + "[" * (MAX_NESTING_DEPTH - 2) + "]" * (MAX_NESTING_DEPTH - 2) + "}}",
         body({"list": [[] for _ in range(500)]}),  # many brackets, shallow: walked, accepted
         '{"type": "echo", "payload": {"pair": "\\ud83d\\ude00", "escaped": "\\\\ud800"}}',
+        body({"n": 0}).replace("0", BIG_INT + ".5"),  # only integers have the digit limit: a float parses
+        body({"n": 0}).replace("0", BIG_INT + "e-4990"),
     ],
-    ids=["nan-inf", "4300-digits", "depth-100", "many-brackets", "surrogate-pair"],
+    ids=["nan-inf", "4300-digits", "depth-100", "many-brackets", "surrogate-pair", "long-float", "long-mantissa"],
 )
 def test_odd_but_valid_bodies_parse(text: str) -> None:
     envelope = parse_envelope(text)

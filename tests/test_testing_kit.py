@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -165,3 +166,18 @@ async def test_run_until_idle_inside_a_loop_says_what_to_use() -> None:
     with pytest.raises(ConfigError, match="run_until_idle_async"):
         kit.run_until_idle()
     assert (await kit.run_until_idle_async()).succeeded == 0
+
+
+@pytest.mark.parametrize("delay", [{"delay_s": 901}, {"delay_s": 7200}, {"run_in_s": 30}])
+def test_long_delays_and_run_at_pass_at_once(delay: dict[str, int]) -> None:
+    sent: list[str] = []
+    kit = InMemoryWorker(registry=mail_registry(sent))
+    with kit.producing():
+        ref = job_ref("send_email")
+        if "run_in_s" in delay:
+            ref.enqueue(Email(to="ada@example.com", subject="Hi"), run_at=datetime.now(UTC) + timedelta(seconds=30))
+        else:
+            ref.enqueue(Email(to="ada@example.com", subject="Hi"), delay_s=delay["delay_s"])
+    result = kit.run_until_idle(timeout_s=10)
+    assert sent == ["ada@example.com"]
+    assert result.succeeded == 1 and kit.counts().total == 0

@@ -71,7 +71,7 @@ def parse_envelope(body: str) -> Envelope:
         raise InvalidMessage(INVALID_MESSAGE, f"body nests deeper than {MAX_NESTING_DEPTH} levels") from None
     except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits; UnicodeDecodeError
         raise InvalidMessage(
-            INVALID_MESSAGE, f"body holds a number of more than {sys.get_int_max_str_digits()} digits"
+            INVALID_MESSAGE, f"body holds an integer of more than {sys.get_int_max_str_digits()} digits"
         ) from None
     if not isinstance(data, dict):
         raise InvalidMessage(INVALID_MESSAGE, f"body is JSON but not an object (got {type(data).__name__})")

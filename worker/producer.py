@@ -7,6 +7,7 @@ Failures are translated by the edge's one error table (``worker.backends.aws.tra
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from worker.backends.aws import translate
 from worker.envelope import describe_errors, dump_envelope
@@ -48,10 +50,18 @@ def _entry(job: Job, *, fifo: bool) -> dict[str, Any]:
             "send without delay_s/run_at, or use a standard queue"
         )
     timing = schedule(delay_s=job.delay_s, run_at=job.run_at, now=datetime.now(UTC))
+    not_unicode = ConfigError(
+        f"job {job.type!r}: the payload holds a string that is not valid Unicode "
+        "(a lone surrogate such as '\\ud800'); nothing sent"
+    )
     try:
         body = dump_envelope(job.type, job.payload, job.idempotency_key)
     except ValidationError as exc:
         raise ConfigError("job " + describe_errors(exc)) from None
+    except PydanticSerializationError:  # a lone surrogate in a value: UTF-8 (and so SQS) cannot carry it
+        raise not_unicode from None
+    if "\ufffd" in body and not _utf8_encodable(job.payload):  # pydantic replaces one in a key: refuse it too
+        raise not_unicode
     entry: dict[str, Any] = {"MessageBody": body}
     trace = trace_attributes()  # the current span's W3C traceparent (the otel extra installed)
     if trace:
@@ -66,6 +76,14 @@ def _entry(job: Job, *, fifo: bool) -> dict[str, Any]:
             due = {"DataType": "String", "StringValue": format_due_at(timing.due_at)}
             entry["MessageAttributes"] = {**entry.get("MessageAttributes", {}), DUE_AT_ATTRIBUTE: due}
     return entry
+
+
+def _utf8_encodable(payload: dict[str, Any]) -> bool:
+    try:
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def message_entry(job: Job, *, fifo: bool) -> dict[str, Any]:

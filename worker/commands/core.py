@@ -204,6 +204,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     if not isinstance(payload, dict):
         raise ConfigError('--payload must be a JSON object, e.g. \'{"to": "a@example.com"}\'')
     settings = load_settings()
+    payload = _validated(args.type, payload, settings.handlers)
     if settings.backend == "cloudtasks":
         from worker.commands.tasks import cmd_enqueue_task
 
@@ -217,6 +218,24 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     )
     print(message_id)
     return 0
+
+
+def _validated(job_type: str, payload: dict[str, Any], handlers: list[str]) -> dict[str, Any]:
+    """The payload as ``.enqueue`` sends it when WORKER_HANDLERS imports and registers ``job_type`` with a model
+    (ConfigError naming the fields when it is invalid: nothing sent); else the payload as given. Handler modules
+    that do not import are noted on stderr, and the payload is sent as given."""
+    from worker.enqueue import JobRef
+    from worker.jobs import default_registry, import_handlers
+
+    try:
+        import_handlers(handlers)
+    except ConfigError as exc:
+        print(f"sqs-worker: note: payload not validated: {exc}", file=sys.stderr)
+        return payload
+    spec = default_registry.get(job_type)
+    if spec is None or spec.payload_model is None:
+        return payload
+    return JobRef(job_type, spec.payload_model).payload_of(payload)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

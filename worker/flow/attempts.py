@@ -25,6 +25,10 @@ RECEIVES_ATTRIBUTE = "sqs_worker_receives"
 COUNT_ATTRIBUTES = (RUNS_ATTRIBUTE, RECEIVES_ATTRIBUTE)
 #: SQS allows at most 10 message attributes per message.
 MAX_MESSAGE_ATTRIBUTES = 10
+#: The largest ``sqs_worker_runs`` read; a larger value (or any text but plain digits) counts as none.
+MAX_RUNS = 10_000
+#: The largest ``sqs_worker_receives`` read (a year of 15-minute hops is 35,136 receives).
+MAX_RECEIVES = 1_000_000
 #: Holds remembered in memory (message ids; the oldest are forgotten first).
 MAX_REMEMBERED_HOLDS = 10_000
 
@@ -37,20 +41,22 @@ class Counts:
     receive_count: int
 
 
-def _count(message_attributes: dict[str, Any], name: str) -> int:
+def _count(message_attributes: dict[str, Any], name: str, bound: int) -> int:
+    """The count an attribute carries: plain ASCII digits up to ``bound``; anything else (unreadable, negative,
+    too large: not written by a worker) counts as none, so never fewer attempts than SQS's receives allow."""
     value = message_attributes.get(name)
     text = value.get("StringValue") if isinstance(value, dict) else None
-    try:
-        return max(0, int(str(text))) if text is not None else 0
-    except ValueError:
-        return 0  # a count we cannot read counts as none: never fewer attempts than SQS's receives allow
+    if not isinstance(text, str) or not 0 < len(text) <= len(str(bound)) or not text.isascii() or not text.isdigit():
+        return 0
+    number = int(text)
+    return number if number <= bound else 0
 
 
 def counts_of(*, message_attributes: dict[str, Any], approximate_receive_count: int, holds_here: int = 0) -> Counts:
     """The counts of a message received ``approximate_receive_count`` times (SQS's count of this copy), carrying
     the counts of its earlier copies, held ``holds_here`` times in place by this worker process."""
-    runs_before = _count(message_attributes, RUNS_ATTRIBUTE)
-    receives_before = _count(message_attributes, RECEIVES_ATTRIBUTE)
+    runs_before = _count(message_attributes, RUNS_ATTRIBUTE, MAX_RUNS)
+    receives_before = _count(message_attributes, RECEIVES_ATTRIBUTE, MAX_RECEIVES)
     attempt = max(1, runs_before + approximate_receive_count - holds_here)
     return Counts(attempt=attempt, receive_count=receives_before + approximate_receive_count)
 

@@ -19,6 +19,9 @@ from worker.errors import ConfigError
 MAX_HOP_S = 900
 #: The longest delay a producer may ask for.
 MAX_DELAY_S = 366 * 24 * 3600
+#: A received due time further ahead than this (a year and a day: the producer's limit plus clock skew) is refused
+#: as ``invalid_message``: it would otherwise hop every 15 minutes for ever.
+MAX_DUE_AHEAD_S = MAX_DELAY_S + 24 * 3600
 #: A job due within this many seconds is held and waited for instead of sent on another hop.
 SHORT_WAIT_S = 1.0
 #: The message attribute holding the due time.
@@ -49,6 +52,13 @@ def due_at_of(message_attributes: dict[str, Any]) -> datetime | None:
     if not isinstance(text, str):
         raise ValueError(f"{DUE_AT_ATTRIBUTE} is not a String attribute")
     return parse_due_at(text)
+
+
+def too_far_ahead(due_at: datetime, *, now: datetime) -> str | None:
+    """Why a received due time is refused (more than MAX_DUE_AHEAD_S ahead of ``now``), or None."""
+    if (due_at - now).total_seconds() > MAX_DUE_AHEAD_S:
+        return f"{DUE_AT_ATTRIBUTE} is more than a year ahead (a producer sends at most {MAX_DELAY_S} s)"
+    return None
 
 
 @dataclass(frozen=True)

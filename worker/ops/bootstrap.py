@@ -61,15 +61,21 @@ def ensure_queues(
         queue_arn = client.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
             "QueueArn"
         ]
-        client.set_queue_attributes(
-            QueueUrl=dlq_url,
-            Attributes={
-                "RedriveAllowPolicy": json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": [queue_arn]})
-            },
-        )
+        dlq_changes = {
+            "RedriveAllowPolicy": json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": [queue_arn]})
+        }
+        sizes = [_max_message_bytes(client, url) for url in (queue_url, dlq_url)]
+        if sizes[1] < sizes[0]:  # a body the source takes would never fit the DLQ: it could not be dead-lettered
+            dlq_changes["MaximumMessageSize"] = str(sizes[0])
+        client.set_queue_attributes(QueueUrl=dlq_url, Attributes=dlq_changes)  # type: ignore[arg-type]
     except (BotoCoreError, ClientError, OSError) as exc:
         raise translate(exc, "CreateQueue", resource=queue_name, endpoint=client.meta.endpoint_url) from exc
     return Created(queue_url=queue_url, dlq_url=dlq_url, max_receive_count=max_receive_count)
+
+
+def _max_message_bytes(client: SQSClient, url: str) -> int:
+    attributes = client.get_queue_attributes(QueueUrl=url, AttributeNames=["MaximumMessageSize"])["Attributes"]
+    return int(attributes["MaximumMessageSize"])
 
 
 def _create(client: SQSClient, name: str, attributes: dict[str, str]) -> str:

@@ -20,6 +20,7 @@ import logging
 import math
 import random
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,6 +37,7 @@ from worker.observability.events import Kind, Observers
 from worker.policy import visibility_cap_s
 from worker.runtime.clock import SYSTEM_CLOCK, Clock
 from worker.runtime.held import Held
+from worker.runtime.queueset import Route
 
 log = logging.getLogger("worker")
 
@@ -43,6 +45,10 @@ log = logging.getLogger("worker")
 DEAD_LETTER_HOLD_S = 60
 #: Dead-letter decisions remembered by message id (the oldest are forgotten first; about 1 KiB each).
 MAX_DECIDED = 1_000
+#: The release reason of a message whose body alone is larger than its DLQ's MaximumMessageSize.
+DLQ_TOO_SMALL = "too large for the DLQ"
+#: Such a message is kept in its source queue, invisible this long (at most to the 12-hour limit) each time.
+DLQ_TOO_SMALL_HOLD_S = 3600
 #: SQS's maximum message size before August 2025, still the default of some queues and emulators.
 LEGACY_MAX_MESSAGE_BYTES = 262_144
 
@@ -194,6 +200,8 @@ class Outcomes:
         if previous is not None and previous.sent:
             await self._delete_dead_lettered(held)
             return
+        if await self._too_large_for_dlq(held, category):
+            return
         entry = self._remember(
             message.message_id,
             Decided(category, error, held.job_type, message.receipt_handle, workflow_id=held.workflow_id),
@@ -240,6 +248,55 @@ class Outcomes:
         entry.sent = True
         await self._delete_dead_lettered(held)
         self.emit(Kind.DEAD_LETTERED, held, category=category, error=error, duration_s=duration_s)
+
+    async def check_dlq_sizes(self, routes: Sequence[Route]) -> None:
+        """At start: one ERROR line per DLQ whose MaximumMessageSize is smaller than its source queue's (a body
+        between the two could never be dead-lettered; it would be kept in the source queue)."""
+        for route in routes:
+            source_bytes = await route.queue.maximum_message_bytes()
+            dlq_bytes = await self.dlq_max_message_bytes(route.dlq)
+            if source_bytes is not None and dlq_bytes < source_bytes:
+                log.error(
+                    "the DLQ %s takes messages of at most %d bytes (its MaximumMessageSize) but %s takes %d: a "
+                    "larger body can never be dead-lettered and stays in %s; run `sqs-worker bootstrap` or raise "
+                    "the DLQ's MaximumMessageSize",
+                    route.dlq.name,
+                    dlq_bytes,
+                    route.queue.name,
+                    source_bytes,
+                    route.queue.name,
+                )
+
+    async def _too_large_for_dlq(self, held: Held, category: str) -> bool:
+        """True when the body alone is larger than the DLQ's MaximumMessageSize (read again, in case it was
+        raised): the message can never be dead-lettered, so it is kept in its source queue, released for
+        DLQ_TOO_SMALL_HOLD_S, with an ERROR line and a ``released`` event; never deleted, never sent in a loop."""
+        dlq = self._dlq(held)
+        size = message_bytes(held.message.body, {})
+        if size <= await self.dlq_max_message_bytes(dlq):
+            return False
+        self._dlq_limits.pop(dlq.name, None)
+        limit = await self.dlq_max_message_bytes(dlq)
+        if size <= limit:
+            return False
+        queue = held.queue_or(self.queue)
+        cap_s = visibility_cap_s(elapsed_since_receive_s=self.clock.monotonic() - held.received_at)
+        hold_s = max(0, min(DLQ_TOO_SMALL_HOLD_S, math.floor(cap_s)))
+        log.error(
+            "cannot dead-letter (%s): the body is %d bytes and the DLQ %s takes at most %d (its MaximumMessageSize); "
+            "kept in %s, invisible for %d s: raise the DLQ's MaximumMessageSize (sqs-worker bootstrap does)",
+            category,
+            size,
+            dlq.name,
+            limit,
+            queue.name,
+            hold_s,
+            extra=held.log_fields(self.queue.name),
+        )
+        with contextlib.suppress(EntryFailed, QueueUnavailable):
+            await queue.set_visibility(held.message.receipt_handle, hold_s)
+        self.emit(Kind.RELEASED, held, delay_s=float(hold_s), reason=DLQ_TOO_SMALL, category=category)
+        return True
 
     async def _attributes(self, held: Held, category: str, error: str) -> dict[str, dict[str, Any]]:
         return self._fitted(held, category, error, await self.dlq_max_message_bytes(self._dlq(held)))

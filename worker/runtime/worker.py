@@ -28,7 +28,7 @@ from worker.context import JobContext
 from worker.envelope import INVALID_MESSAGE
 from worker.errors import ConfigError, InvalidMessage, LedgerUnavailable, QueueUnavailable
 from worker.flow.attempts import counts_of
-from worker.flow.delays import DUE_AT_ATTRIBUTE, MAX_HOP_S, due_action, due_at_of
+from worker.flow.delays import DUE_AT_ATTRIBUTE, MAX_HOP_S, due_action, due_at_of, too_far_ahead
 from worker.flow.gate import Gate, Outcome, Step, change_event, flow_keys
 from worker.flow.priorities import Mode
 from worker.jobs import Registry
@@ -186,6 +186,7 @@ class Worker:
             },
         )
         try:
+            await self.outcomes.check_dlq_sizes(self.routes)
             await stop.wait()
         finally:
             await self._shutdown(receivers, heartbeat)
@@ -418,8 +419,8 @@ class Worker:
 
     async def _due(self, held: Held) -> bool | None:
         """None when the job is due now (after waiting out less than a second); a bool: the outcome is settled. A job
-        due later is sent on one more hop, unrun and uncounted (True: not a failure); a malformed due time, or one on
-        a FIFO queue, is ``invalid_message`` (False)."""
+        due later is sent on one more hop, unrun and uncounted (True: not a failure); a malformed due time, one more
+        than a year ahead, or one on a FIFO queue, is ``invalid_message`` (False)."""
         try:
             due_at = due_at_of(held.message.message_attributes)
         except ValueError as exc:
@@ -428,6 +429,10 @@ class Worker:
         if due_at is not None and held.queue_or(self.queue).is_fifo:
             error = f"{DUE_AT_ATTRIBUTE} on a FIFO queue: FIFO queues take no per-message delay"
             await self._finish(held, self.outcomes.dead_letter(held, INVALID_MESSAGE, error))
+            return False
+        far = too_far_ahead(due_at, now=self._now()) if due_at is not None else None
+        if far is not None:
+            await self._finish(held, self.outcomes.dead_letter(held, INVALID_MESSAGE, far))
             return False
         action = due_action(due_at=due_at, now=self._now(), max_hop_s=self.options.max_hop_s)
         while action.action == "wait":  # the loop's monotonic clock may wake a hair before the wall clock's due time
