@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support.backends import Backend
 from tests.support.harness import drain, sqs_client
 from tests.support.process import ROOT, bootstrapped_queue, cli, lines, wait_until
@@ -53,8 +55,9 @@ def test_burst_drains_the_queue_waits_for_retries_and_exits_0(backend: Backend, 
     assert dead["MessageAttributes"]["error_category"]["StringValue"] == "permanent"
 
 
-def test_burst_on_an_empty_queue_exits_at_once(backend: Backend, tmp_path: Path) -> None:
-    env, _ = burst_env(backend, tmp_path)
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_burst_on_an_empty_queue_exits_at_once(backend: Backend, tmp_path: Path, processes: str) -> None:
+    env, _ = burst_env(backend, tmp_path, WORKER_PROCESSES=processes)  # a burst is one process, whatever the setting
     started = time.monotonic()
     result = cli("run", "--burst", env=env, timeout_s=60)
     assert result.returncode == 0, result.stderr

@@ -93,19 +93,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("WORKER_BACKEND=cloudtasks: Cloud Tasks pushes its tasks; run `sqs-worker serve-tasks`")
     aws_region()
     configure_logging(settings)
+    burst = bool(getattr(args, "burst", False))
     processes = resolve_processes(settings.processes)
-    if processes > 1:
+    if processes > 1 and not burst:  # a burst is one process: it alone can tell when the queue is empty
         return supervise(settings, processes)
     import_handlers(settings.handlers)
-    if not getattr(args, "burst", False):
+    if not burst:
         asyncio.run(serve(settings, default_registry))
         return 0
     from worker.runtime.burst import Burst
 
-    burst = Burst(settings, default_registry)
-    asyncio.run(serve(settings, default_registry, companions=[burst.watch], extra_observers=[burst]))
-    print(burst.summary(), flush=True)
-    return burst.exit_code
+    watcher = Burst(settings, default_registry)
+    asyncio.run(serve(settings, default_registry, companions=[watcher.watch], extra_observers=[watcher]))
+    print(watcher.summary(), flush=True)
+    return watcher.exit_code
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
