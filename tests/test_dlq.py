@@ -53,6 +53,8 @@ def test_groups_by_category_and_error_biggest_first() -> None:
     assert dict(groups[0].job_types) == {"send_email": 2}
     table = format_groups(groups, read=4, approximate_total=9)
     assert "TypeError: boom" in table
+    # The ids `dlq show ID` and `dlq requeue ID...` take, a few per group, under the group's line.
+    assert groups[0].message_ids and all(f"ids: {' '.join(g.message_ids)}" in table for g in groups)
     assert "raise --limit" in table
     assert "password" not in table  # payloads are never shown in the listing
 
@@ -167,6 +169,16 @@ def test_list_groups_and_releases(backend: Backend, queues: Created, capsys: pyt
     code, out, _ = run_cli(capsys, "dlq", "list")
     assert code == 0
     assert "the dead-letter queue is empty" in out
+
+
+def test_list_text_shows_ids_to_show(backend: Backend, queues: Created, capsys: pytest.CaptureFixture[str]) -> None:
+    ids = fill(backend, queues)
+    code, out, _ = run_cli(capsys, "dlq", "list")
+    assert code == 0
+    assert ids["bug1"] in out and ids["bad"] in out
+    shown = next(line.split("ids: ", 1)[1].split()[0] for line in out.splitlines() if "ids: " in line)
+    code, out, _ = run_cli(capsys, "dlq", "show", shown)
+    assert code == 0 and shown in out
 
 
 def test_show_by_original_id(backend: Backend, queues: Created, capsys: pytest.CaptureFixture[str]) -> None:

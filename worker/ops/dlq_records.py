@@ -192,6 +192,8 @@ def format_groups(groups: Sequence[Group], *, read: int, approximate_total: int 
             f"{group.count:>6}  {_clip(group.category, 16):<16}  {_clip(types, 24):<24}  "
             f"{group.last_failed_at or '-':<24}  {_clip(group.error_message, 100)}"
         )
+        more = f" (+{group.count - len(group.message_ids)} more)" if group.count > len(group.message_ids) else ""
+        lines.append(f"{'':>6}  ids: {' '.join(printable(i) for i in group.message_ids)}{more}")
     if approximate_total is not None and read < approximate_total:
         lines.append(f"(read {read} of about {approximate_total}; raise --limit to read more)")
     return "\n".join(lines)
