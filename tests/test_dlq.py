@@ -171,6 +171,25 @@ def test_list_groups_and_releases(backend: Backend, queues: Created, capsys: pyt
     assert "the dead-letter queue is empty" in out
 
 
+def test_list_says_in_flight_not_empty(backend: Backend, queues: Created, capsys: pytest.CaptureFixture[str]) -> None:
+    fill(backend, queues)
+    client = sqs_client(backend.endpoint_url)
+    held = 0
+    for _ in range(20):  # someone else reads the letters and keeps them (a long visibility timeout)
+        response = client.receive_message(QueueUrl=queues.dlq_url, MaxNumberOfMessages=10, VisibilityTimeout=300)
+        held += len(response.get("Messages", []))
+        if held == 6:
+            break
+    assert held == 6
+    code, out, _ = run_cli(capsys, "dlq", "list")
+    assert code == 0
+    assert "the dead-letter queue is empty" not in out
+    assert "0 visible, 6 in flight" in out
+    assert "none visible now: 6 in flight" in out
+    code, out, _ = run_cli(capsys, "dlq", "list", "--json")
+    assert json.loads(out)["approximate_in_flight"] == 6
+
+
 def test_list_text_shows_ids_to_show(backend: Backend, queues: Created, capsys: pytest.CaptureFixture[str]) -> None:
     ids = fill(backend, queues)
     code, out, _ = run_cli(capsys, "dlq", "list")

@@ -179,11 +179,25 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def format_groups(groups: Sequence[Group], *, read: int, approximate_total: int | None) -> str:
-    """A table of the groups for a terminal (pure)."""
+def format_groups(
+    groups: Sequence[Group], *, read: int, approximate_total: int | None, in_flight: int | None = None
+) -> str:
+    """A table of the groups for a terminal (pure). ``approximate_total``: the letters visible when it started;
+    ``in_flight``: those someone else had received and not released yet (not readable now)."""
     total = "unknown" if approximate_total is None else str(approximate_total)
-    lines = [f"dead letters read: {read} (queue holds about {total})"]
+    if in_flight is None:
+        lines = [f"dead letters read: {read} (queue holds about {total})"]
+    else:
+        lines = [f"dead letters read: {read} (queue holds about {total} visible, {in_flight} in flight)"]
     if not groups:
+        if in_flight:
+            return "\n".join(
+                [
+                    *lines,
+                    f"none visible now: {in_flight} in flight, received by another reader (a worker, the dashboard, "
+                    "another dlq command); they are readable again when its visibility timeout ends",
+                ]
+            )
         return "\n".join([*lines, "the dead-letter queue is empty"])
     lines.append(f"{'COUNT':>6}  {'CATEGORY':<16}  {'JOB TYPES':<24}  {'LAST FAILED':<24}  ERROR")
     for group in groups:
