@@ -39,6 +39,11 @@ NOT_RUN = {
         "deploys to Google Cloud (gcloud, a project); its retry flags are checked against queue_retry_config by "
         "tests/test_cloudtasks_units.py, the service's settings by the same test"
     ),
+    "bash infra/cloudtasks/setup.sh   # once; does nothing when the virtualenv is up to date": (
+        "the Cloud Tasks emulator, run in this checkout: tests/test_cloudtasks_walkthrough.py runs it as written"
+    ),
+    "export WORKER_BACKEND=cloudtasks WORKER_QUEUE=projects/local/locations/here/queues/jobs "
+    "WORKER_HANDLERS=app.jobs": ("needs the emulator above: tests/test_cloudtasks_walkthrough.py runs it as written"),
 }
 #: Commands that run until a signal: started in the background, stopped (SIGTERM) after the other examples.
 BACKGROUND = {
