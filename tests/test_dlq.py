@@ -53,6 +53,8 @@ def test_groups_by_category_and_error_biggest_first() -> None:
     assert dict(groups[0].job_types) == {"send_email": 2}
     table = format_groups(groups, read=4, approximate_total=9)
     assert "TypeError: boom" in table
+    # The ids `dlq show ID` and `dlq requeue ID...` take, a few per group, under the group's line.
+    assert groups[0].message_ids and all(f"ids: {' '.join(g.message_ids)}" in table for g in groups)
     assert "raise --limit" in table
     assert "password" not in table  # payloads are never shown in the listing
 
@@ -167,6 +169,35 @@ def test_list_groups_and_releases(backend: Backend, queues: Created, capsys: pyt
     code, out, _ = run_cli(capsys, "dlq", "list")
     assert code == 0
     assert "the dead-letter queue is empty" in out
+
+
+def test_list_says_in_flight_not_empty(backend: Backend, queues: Created, capsys: pytest.CaptureFixture[str]) -> None:
+    fill(backend, queues)
+    client = sqs_client(backend.endpoint_url)
+    held = 0
+    for _ in range(20):  # someone else reads the letters and keeps them (a long visibility timeout)
+        response = client.receive_message(QueueUrl=queues.dlq_url, MaxNumberOfMessages=10, VisibilityTimeout=300)
+        held += len(response.get("Messages", []))
+        if held == 6:
+            break
+    assert held == 6
+    code, out, _ = run_cli(capsys, "dlq", "list")
+    assert code == 0
+    assert "the dead-letter queue is empty" not in out
+    assert "0 visible, 6 in flight" in out
+    assert "none visible now: 6 in flight" in out
+    code, out, _ = run_cli(capsys, "dlq", "list", "--json")
+    assert json.loads(out)["approximate_in_flight"] == 6
+
+
+def test_list_text_shows_ids_to_show(backend: Backend, queues: Created, capsys: pytest.CaptureFixture[str]) -> None:
+    ids = fill(backend, queues)
+    code, out, _ = run_cli(capsys, "dlq", "list")
+    assert code == 0
+    assert ids["bug1"] in out and ids["bad"] in out
+    shown = next(line.split("ids: ", 1)[1].split()[0] for line in out.splitlines() if "ids: " in line)
+    code, out, _ = run_cli(capsys, "dlq", "show", shown)
+    assert code == 0 and shown in out
 
 
 def test_show_by_original_id(backend: Backend, queues: Created, capsys: pytest.CaptureFixture[str]) -> None:

@@ -39,6 +39,11 @@ NOT_RUN = {
         "deploys to Google Cloud (gcloud, a project); its retry flags are checked against queue_retry_config by "
         "tests/test_cloudtasks_units.py, the service's settings by the same test"
     ),
+    "bash infra/cloudtasks/setup.sh   # once; does nothing when the virtualenv is up to date": (
+        "the Cloud Tasks emulator, run in this checkout: tests/test_cloudtasks_walkthrough.py runs it as written"
+    ),
+    "export WORKER_BACKEND=cloudtasks WORKER_QUEUE=projects/local/locations/here/queues/jobs "
+    "WORKER_HANDLERS=app.jobs": ("needs the emulator above: tests/test_cloudtasks_walkthrough.py runs it as written"),
 }
 #: Commands that run until a signal: started in the background, stopped (SIGTERM) after the other examples.
 BACKGROUND = {
@@ -166,8 +171,9 @@ def test_scripts_dev_runs_the_command_this_test_runs() -> None:
 
 
 def test_every_block_is_known() -> None:
-    """Each fenced block is run below (bash, python), validated (json), or listed in NOT_RUN with its reason."""
-    known = {"bash", "python", "json"}
+    """Each fenced block is run below (bash, python; toml: a file), validated (json), or listed in NOT_RUN with
+    its reason."""
+    known = {"bash", "python", "json", "toml"}
     unknown = [f"README.md:{b.line} ```{b.language}" for b in readme_blocks() if b.language not in known]
     assert not unknown, f"blocks of a language this test cannot run: {unknown}"
     listed = {b.first_line for b in readme_blocks()}
@@ -192,8 +198,8 @@ def test_readme_examples_run_as_written(dev_server: dict[str, str], tmp_path: Pa
             if block.language == "json" or block.first_line in NOT_RUN:
                 continue
             where = f"README.md:{block.line}"
-            file_name = re.fullmatch(r"# ([\w/]+\.py)", block.first_line)
-            if block.language == "python" and file_name:
+            file_name = re.fullmatch(r"# ([\w/]+\.(?:py|toml))", block.first_line)
+            if block.language in ("python", "toml") and file_name:
                 path = folder / file_name.group(1)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(block.text)
@@ -202,6 +208,17 @@ def test_readme_examples_run_as_written(dev_server: dict[str, str], tmp_path: Pa
             else:
                 env = run_bash(backgrounded(block.text, folder), env, cwd=folder)
             ran.append(where)
+        tests = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "tests/test_jobs.py"],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert tests.returncode == 0, tests.stdout + tests.stderr
+        assert "warning" not in (tests.stdout + tests.stderr).lower(), tests.stdout  # pytest-asyncio's, say
         for command in INLINE_COMMANDS.findall(readme):
             env = run_bash(command, env, cwd=folder)
             ran.append(command)

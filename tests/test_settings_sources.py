@@ -59,10 +59,16 @@ def test_dotenv_holds_worker_variables_not_aws_ones(
     )
     with pytest.raises(ConfigError, match="no AWS region"):
         aws_region()
-    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    monkeypatch.setenv("AWS_REGION", "eu-north-1")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://x:1")
+    assert load_settings().aws() == AwsConnection(region="eu-north-1")
+    assert capsys.readouterr().err == ""  # exported with the same values: nothing left unread
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")  # exported, but not what .env says: the export wins, said once
     assert load_settings().aws() == AwsConnection(region="eu-west-1")
-    assert capsys.readouterr().err == ""  # exported: nothing left unread
+    assert capsys.readouterr().err == (
+        "sqs-worker: warning: .env sets AWS_REGION to another value than the environment's, which is the one "
+        "used: AWS variables come from the process environment only (as botocore reads them)\n"
+    )
 
 
 def test_dev_defaults_give_way_to_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -211,6 +211,13 @@ def load_settings(settings_class: type[WorkerSettings] | None = None, **override
             "process environment only (as botocore reads them); export them: set -a; . ./.env; set +a",
             file=sys.stderr,
         )
+    overridden = overridden_dotenv_aws_variables(Path(".env"))
+    if overridden:  # names only: a value may be a secret key
+        print(
+            f"sqs-worker: warning: .env sets {', '.join(overridden)} to another value than the environment's, which "
+            "is the one used: AWS variables come from the process environment only (as botocore reads them)",
+            file=sys.stderr,
+        )
     return settings
 
 
@@ -222,6 +229,19 @@ def unread_dotenv_aws_variables(path: Path) -> list[str]:
     from dotenv import dotenv_values
 
     return sorted(name for name in dotenv_values(path) if name.startswith("AWS_") and name not in os.environ)
+
+
+def overridden_dotenv_aws_variables(path: Path) -> list[str]:
+    """The ``AWS_*`` names a ``.env`` file sets to another value than the process environment's (which is used)."""
+    if not path.is_file():
+        return []
+    from dotenv import dotenv_values
+
+    return sorted(
+        name
+        for name, value in dotenv_values(path).items()
+        if name.startswith("AWS_") and name in os.environ and os.environ[name] != (value or "")
+    )
 
 
 def describe_validation_error(exc: ValidationError) -> str:

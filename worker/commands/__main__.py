@@ -3,12 +3,14 @@ own sub-parser; this module wires them together and turns errors into one clear 
 
 Exit codes: 0 done; 1 the operation failed in part (e.g. dead letters left behind); 2 a wrong setting or an AWS
 endpoint that cannot serve the command (unreachable, refused credentials, access denied, no such queue or
-table), said in one line; 130 interrupted. Commands may add their own (``status``: 3, no record)."""
+table), said in one line; 130 interrupted; 141 the reader of stdout went away
+(``| head``), quietly. Commands may add their own (``status``: 3, no record)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -41,7 +43,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: 128 + SIGPIPE: what a shell reports for ``cat big | head`` under ``set -o pipefail``.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; a closed stdout (``sqs-worker dlq show ID | head -c 100``) ends it quietly."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # what is still buffered meets the closed pipe here, not at exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # Point stdout at /dev/null so the interpreter's last flush at exit finds nowhere to fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

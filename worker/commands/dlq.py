@@ -147,20 +147,21 @@ def open_dlqs(args: argparse.Namespace, *, only_one: str | None = None) -> list[
 def run_list(args: argparse.Namespace) -> int:
     documents = []
     for dlq in open_dlqs(args):
-        total = dlq.approximate_count()
+        total, in_flight = dlq.approximate_counts()
         letters = dlq.read(limit=args.limit)
         groups = group_dead_letters(letters)
         documents.append(
             {
                 "dead_letter_queue": queue_name_of(dlq.dlq_url),
                 "approximate_total": total,
+                "approximate_in_flight": in_flight,
                 "read": len(letters),
                 "groups": [group.as_dict() for group in groups],
             }
         )
         if not args.json:
             print(f"dead-letter queue: {queue_name_of(dlq.dlq_url)}")
-            print(format_groups(groups, read=len(letters), approximate_total=total))
+            print(format_groups(groups, read=len(letters), approximate_total=total, in_flight=in_flight))
     if args.json:  # one queue: its document; several: a list of them
         print(json.dumps(documents[0] if len(documents) == 1 else documents, indent=2))
     return 0

@@ -1,7 +1,9 @@
 """``sqs-worker schedules list|fire``: the cron jobs of the schedule file, locally.
 
 Emulators never fire EventBridge Scheduler schedules, so ``fire NAME`` enqueues exactly what Scheduler would
-send for the schedule's latest due time (or ``--at``), and ``list`` prints the next fire times.
+send for the schedule's latest due time (or ``--at``), and ``list`` prints the next fire times. With
+WORKER_IDEMPOTENCY_TABLE set, ``fire`` says when that time's key ``schedule:NAME:<time>`` is already COMPLETED
+(the worker skips the message as a duplicate); ``--now`` fires for the current time instead, a fresh key.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ def add_parser(subparsers: Any) -> None:
         "--at",
         default=None,
         help="the scheduled time to fire for, ISO 8601 (default: the schedule's latest due time)",
+    )
+    fire.add_argument(
+        "--now",
+        action="store_true",
+        help="fire for the current time (a fresh idempotency key), not one of the schedule's fire times",
     )
     fire.add_argument("--file", default=None, help="the schedule file (default: WORKER_SCHEDULES_FILE)")
     fire.set_defaults(func=cmd_fire)
@@ -84,12 +91,46 @@ def cmd_fire(args: argparse.Namespace) -> int:
     from worker.settings import load_settings
 
     schedule = find_schedule(_schedules(args.file), args.name)
-    scheduled = _scheduled_time(schedule, args.at)
+    if args.now and args.at is not None:
+        raise ConfigError("pass --at or --now, not both")
+    scheduled = datetime.now(UTC).replace(microsecond=0) if args.now else _scheduled_time(schedule, args.at)
     settings = load_settings()
     client = sync_client("sqs")
     message_id = send_scheduled(client, settings.queue, schedule, scheduled)
     print(f"{schedule.name} fired for {format_scheduled_time(scheduled)}: message {message_id}")
+    if settings.idempotency_table:
+        note = _ledger_note(settings.idempotency_table, f"schedule:{schedule.name}:{format_scheduled_time(scheduled)}")
+        if note:
+            print(note)
     return 0
+
+
+def _ledger_note(table: str, key: str) -> str | None:
+    """What the worker will do with this key, when the ledger already holds it as done or running."""
+    import asyncio
+    import time
+
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from worker.commands.status import fetch
+    from worker.errors import WorkerError
+    from worker.idempotency.ledger import State
+
+    try:
+        record = asyncio.run(fetch(table, key))
+    except (WorkerError, BotoCoreError, ClientError) as exc:  # the message is sent: say what is unknown, not fail
+        return f"note: could not read key {key} in table {table} ({exc}): whether the worker runs it is unknown"
+    if record is None:
+        return None
+    state = record.state(int(time.time() * 1000))
+    if state is State.COMPLETED:
+        return (
+            f"note: key {key} is already COMPLETED in table {table}: the worker will skip this message as a "
+            "duplicate; for a fresh run: sqs-worker schedules fire NAME --now"
+        )
+    if state is State.RUNNING:
+        return f"note: key {key} is RUNNING in table {table}: the worker skips this message if that run completes"
+    return None
 
 
 def _scheduled_time(schedule: Schedule, at: str | None) -> datetime:

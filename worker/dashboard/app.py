@@ -31,6 +31,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from worker.dashboard.config import DashboardSettings
+from worker.dashboard.display import shown, shown_block
 from worker.dashboard.history import History, columns
 from worker.dashboard.security import CSRF_FIELD, TOKEN_COOKIE, Gate
 from worker.dashboard.sources import Sources, describe_result
@@ -62,6 +63,8 @@ class Dashboard:
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))
         self.templates.env.filters["age"] = format_age
         self.templates.env.filters["printable"] = printable
+        self.templates.env.filters["shown"] = shown
+        self.templates.env.filters["shown_block"] = shown_block
 
     def render(self, request: Request, template: str, status_code: int = 200, /, **context: Any) -> Response:
         user = request.state.user

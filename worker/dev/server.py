@@ -79,14 +79,10 @@ async def _dev(settings: WorkerSettings, *, demo: bool) -> int:
     if settings.idempotency_table:
         await _ensure_table(connection, settings.idempotency_table)
     companions: list[Companion] = []
-    recipes_note = "recipes: off (they need the idempotency table and the [dev] extra's aiosmtpd and aiosmtplib)"
     if receivers is not None:
         wire_recipes(connection, queue=settings.queue, table=settings.idempotency_table, receivers=receivers)
         companions.append(receivers.serve)
-        recipes_note = (
-            f"recipes: SMTP receiver at 127.0.0.1:{receivers.smtp_port}, webhook receiver at {receivers.webhook_url}"
-            f" (secret {DEV_WEBHOOK_SECRET}), reports in s3://{DEV_BUCKET}; demo report: sqs-worker status report-demo"
-        )
+    recipes_note = recipes_banner(receivers, demo=demo)
     schedules_note = "no schedules file (set WORKER_SCHEDULES_FILE)"
     if settings.schedules_file:
         companions.append(_scheduler(connection, settings.schedules_file, created.queue_url))
@@ -111,6 +107,17 @@ Stop with Ctrl-C.
         await asyncio.to_thread(enqueue_many, client, created.queue_url, jobs)
     await serve(settings, default_registry, companions=companions)
     return 0
+
+
+def recipes_banner(receivers: Receivers | None, *, demo: bool) -> str:
+    """The banner's recipes line; it names the demo's report only when the demo jobs are sent (not --no-demo)."""
+    if receivers is None:
+        return "recipes: off (they need the idempotency table and the [dev] extra's aiosmtpd and aiosmtplib)"
+    note = (
+        f"recipes: SMTP receiver at 127.0.0.1:{receivers.smtp_port}, webhook receiver at {receivers.webhook_url}"
+        f" (secret {DEV_WEBHOOK_SECRET}), reports in s3://{DEV_BUCKET}"
+    )
+    return note + ("; demo report: sqs-worker status report-demo" if demo else "")
 
 
 def _recipe_receivers(settings: WorkerSettings) -> Receivers | None:

@@ -96,6 +96,13 @@ class DeadLetterQueue:
         value = attrs.get("ApproximateNumberOfMessages")
         return int(value) if value is not None else None
 
+    def approximate_counts(self) -> tuple[int | None, int | None]:
+        """(visible, in flight): in flight are letters someone else received and has not released yet."""
+        names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        attrs = queue_attributes(self.sqs, self.dlq_url, names)
+        visible, hidden = (attrs.get(name) for name in names)
+        return (int(visible) if visible is not None else None, int(hidden) if hidden is not None else None)
+
     def snapshot(self) -> Snapshot:
         """What a redrive starting now may move: the count SQS reports, and now on the endpoint's clock."""
         try:

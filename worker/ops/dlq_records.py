@@ -179,11 +179,25 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def format_groups(groups: Sequence[Group], *, read: int, approximate_total: int | None) -> str:
-    """A table of the groups for a terminal (pure)."""
+def format_groups(
+    groups: Sequence[Group], *, read: int, approximate_total: int | None, in_flight: int | None = None
+) -> str:
+    """A table of the groups for a terminal (pure). ``approximate_total``: the letters visible when it started;
+    ``in_flight``: those someone else had received and not released yet (not readable now)."""
     total = "unknown" if approximate_total is None else str(approximate_total)
-    lines = [f"dead letters read: {read} (queue holds about {total})"]
+    if in_flight is None:
+        lines = [f"dead letters read: {read} (queue holds about {total})"]
+    else:
+        lines = [f"dead letters read: {read} (queue holds about {total} visible, {in_flight} in flight)"]
     if not groups:
+        if in_flight:
+            return "\n".join(
+                [
+                    *lines,
+                    f"none visible now: {in_flight} in flight, received by another reader (a worker, the dashboard, "
+                    "another dlq command); they are readable again when its visibility timeout ends",
+                ]
+            )
         return "\n".join([*lines, "the dead-letter queue is empty"])
     lines.append(f"{'COUNT':>6}  {'CATEGORY':<16}  {'JOB TYPES':<24}  {'LAST FAILED':<24}  ERROR")
     for group in groups:
@@ -192,6 +206,8 @@ def format_groups(groups: Sequence[Group], *, read: int, approximate_total: int 
             f"{group.count:>6}  {_clip(group.category, 16):<16}  {_clip(types, 24):<24}  "
             f"{group.last_failed_at or '-':<24}  {_clip(group.error_message, 100)}"
         )
+        more = f" (+{group.count - len(group.message_ids)} more)" if group.count > len(group.message_ids) else ""
+        lines.append(f"{'':>6}  ids: {' '.join(printable(i) for i in group.message_ids)}{more}")
     if approximate_total is not None and read < approximate_total:
         lines.append(f"(read {read} of about {approximate_total}; raise --limit to read more)")
     return "\n".join(lines)

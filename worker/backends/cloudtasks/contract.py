@@ -22,6 +22,11 @@ RETRY_COUNT = "x-cloudtasks-taskretrycount"
 EXECUTION_COUNT = "x-cloudtasks-taskexecutioncount"
 #: Cloud Tasks' largest task (body, headers and the rest).
 MAX_TASK_BYTES = 1_048_576
+#: Room for a task's own fields (name, URL, headers: the requeue audit too) within MAX_TASK_BYTES.
+TASK_OVERHEAD_BYTES = 16 * 1024
+#: The largest body a task this worker creates may carry: the producer refuses more, and serve-tasks answers 413
+#: above it, so whatever it accepted (and dead-lettered) ``dlq requeue`` / ``redrive`` can send again.
+MAX_TASK_BODY_BYTES = MAX_TASK_BYTES - TASK_OVERHEAD_BYTES
 #: Cloud Tasks' longest dispatch deadline for HTTP targets.
 MAX_DISPATCH_DEADLINE_S = 1800
 

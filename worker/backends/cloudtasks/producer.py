@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from worker.backends.cloudtasks.auth import SECRET_HEADER_NAME
-from worker.backends.cloudtasks.contract import MAX_TASK_BYTES
+from worker.backends.cloudtasks.contract import MAX_TASK_BODY_BYTES
 from worker.backends.cloudtasks.settings import CloudTasksSettings
 from worker.envelope import describe_errors, dump_envelope
 from worker.errors import ConfigError, QueueUnavailable
@@ -26,8 +26,6 @@ from worker.producer import Job
 
 #: Cloud Tasks schedules at most 30 days ahead.
 MAX_DELAY_S = 30 * 24 * 3600
-#: Room for the task's own fields (name, URL, headers) within the 1 MB task limit.
-TASK_OVERHEAD_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -82,8 +80,11 @@ def build_task(
         raise ConfigError("WORKER_CLOUDTASKS_URL is not set: the URL of the serve-tasks service tasks go to")
     if not 0 <= delay_s <= MAX_DELAY_S:
         raise ConfigError(f"delay_s must be between 0 and {MAX_DELAY_S} (Cloud Tasks schedules up to 30 days ahead)")
-    if len(body) > MAX_TASK_BYTES - TASK_OVERHEAD_BYTES:
-        raise ConfigError(f"the envelope takes {len(body)} bytes: a Cloud Tasks task holds at most 1 MB")
+    if len(body) > MAX_TASK_BODY_BYTES:
+        raise ConfigError(
+            f"the envelope takes {len(body)} bytes: a Cloud Tasks task holds at most 1 MB "
+            f"({MAX_TASK_BODY_BYTES} bytes of body)"
+        )
     all_headers = {"Content-Type": "application/json", **(headers or {})}
     request: dict[str, Any] = {"http_method": "POST", "url": settings.url, "headers": all_headers, "body": body}
     if settings.service_account:

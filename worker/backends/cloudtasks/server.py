@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from worker.backends.aws import async_client, client_config, is_transient, translate
 from worker.backends.cloudtasks.auth import Authenticator, KeySet, KeysUnavailable, Unauthorized
-from worker.backends.cloudtasks.contract import MAX_TASK_BYTES, parse_request
+from worker.backends.cloudtasks.contract import MAX_TASK_BODY_BYTES, parse_request
 from worker.backends.cloudtasks.deadletters import PARTITION_KEY, SORT_KEY, DeadLetterStore
 from worker.backends.cloudtasks.runner import RunnerOptions, TaskRunner
 from worker.backends.cloudtasks.settings import CloudTasksSettings, load_cloudtasks_settings
@@ -46,7 +46,7 @@ from worker.settings import WorkerSettings
 log = logging.getLogger("worker")
 
 #: A request body beyond Cloud Tasks' task size (plus room) is not a task: 413, nothing runs.
-MAX_BODY_BYTES = MAX_TASK_BYTES + 64 * 1024
+MAX_BODY_BYTES = MAX_TASK_BODY_BYTES
 GAUGE_INTERVAL_S = 1.0
 #: Retry-After when Google's signing keys cannot be fetched.
 KEYS_RETRY_S = 10

@@ -1,0 +1,109 @@
+"""Hostile values on the dashboard, in headless Chromium: a 256-character job type and an error or reason with
+U+202E (RIGHT-TO-LEFT OVERRIDE) neither widen the page past the viewport nor reorder what is shown ("evil" stays
+"evil"); each such value sits in an isolated ``<bdi>``. Screenshots go to the test's folder (and
+``SQS_WORKER_SCREENSHOTS``)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.backends import Backend
+from tests.support.harness import make_queues
+from tests.support.process import start, wait_until, worker_env
+from tests.test_dashboard_browser import _stop, _url_from, chromium_path, shot
+from tests.test_dlq import dead_letter
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+TOKEN = "dash-" + uuid.uuid4().hex
+LONG_TYPE = "t" * 256
+RLO = "\u202e"
+WIDTH = 1280
+
+
+@pytest.fixture
+def dashboard(moto_backend: Backend, tmp_path: Path) -> Iterator[str]:
+    queues = make_queues(moto_backend.endpoint_url)
+    dead_letter(
+        moto_backend.endpoint_url,
+        queues.dlq_url,
+        json.dumps({"type": LONG_TYPE, "payload": {"note": f"{RLO}evil"}}),
+        category="permanent",
+        error=f"refused: {RLO}evil{RLO}" + "x" * 300,
+    )
+    env = worker_env(
+        moto_backend.endpoint_url,
+        TMP=str(tmp_path),
+        WORKER_QUEUE=queues.queue_url.rsplit("/", 1)[-1],
+        WORKER_DASHBOARD_TOKEN=TOKEN,
+        WORKER_DASHBOARD_ACTIONS="true",
+    )
+    log = tmp_path / "dashboard.log"
+    process = start("dashboard", "--port", "0", env=env, stderr_path=log)
+    try:
+        wait_until(lambda: _url_from(log) is not None, 30, "the dashboard to listen")
+        url = _url_from(log)
+        assert url is not None
+        yield url
+    finally:
+        _stop(process)
+
+
+def page_width(page: Any) -> int:
+    width: int = page.evaluate("document.documentElement.scrollWidth")
+    return width
+
+
+def isolated(page: Any, selector: str) -> list[tuple[str, str, str]]:
+    """(tag, unicode-bidi, text) of each element under ``selector`` whose text holds 'evil'."""
+    found: list[tuple[str, str, str]] = page.eval_on_selector_all(
+        f"{selector} bdi",
+        "els => els.filter(e => e.innerText.includes('evil'))"
+        ".map(e => [e.tagName, getComputedStyle(e).unicodeBidi, e.innerText])",
+    )
+    return found
+
+
+def test_long_and_bidi_values_stay_in_the_viewport_and_isolated(dashboard: str, tmp_path: Path) -> None:
+    with playwright_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"], timeout=30_000)
+        try:
+            context = chromium.new_context(viewport={"width": WIDTH, "height": 860})
+            page = context.new_page()
+            page.set_default_timeout(10_000)
+            page.goto(f"{dashboard}dead-letters?token={TOKEN}")
+            assert page_width(page) <= WIDTH
+            texts = isolated(page, "#letters")
+            assert texts and all(bidi == "isolate" for _, bidi, _ in texts), texts
+            assert all("\\u202eevil" in text for _, _, text in texts), texts  # the override shown, not obeyed
+            clipped = page.locator("#letters bdi.clip").first
+            assert clipped.get_attribute("title") == LONG_TYPE  # the whole value on hover
+            shot(page, "dead-letters-hostile", tmp_path)
+            page.locator("#letters tbody tr a").first.click()
+            page.wait_for_selector("#body")
+            assert page_width(page) <= WIDTH
+            body = isolated(page, "#body")
+            assert body and all(b == "isolate" and "\\u202eevil" in t for _, b, t in body), body
+            assert "\\x0a" not in page.inner_text("#body")  # the body's lines stay lines
+            shot(page, "dead-letter-hostile", tmp_path)
+            page.goto(f"{dashboard}dead-letters")
+
+            page.locator("#letters input[type=checkbox]").first.check()
+            page.click("#requeue-selected")
+            page.fill("#reason", f"{RLO}evil reason")
+            page.click("#confirm-button")
+            page.wait_for_selector("#done")
+            why = isolated(page, "#audit")
+            assert why and all(b == "isolate" and "\\u202eevil reason" in t for _, b, t in why), why
+            assert page_width(page) <= WIDTH
+            shot(page, "audit-hostile", tmp_path)
+
+            context.close()
+        finally:
+            chromium.close()
