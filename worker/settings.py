@@ -183,6 +183,11 @@ def aws_region() -> str:
     return region
 
 
+def child_environment(**overrides: str) -> dict[str, str]:
+    """This process's environment with ``overrides``: what a worker process the supervisor starts inherits."""
+    return {**os.environ, **overrides}
+
+
 def botocore_endpoint_variables() -> tuple[str | None, str | None]:
     """``AWS_ENDPOINT_URL`` and ``AWS_ENDPOINT_URL_SQS`` as botocore reads them itself (a cache key for clients)."""
     return os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_ENDPOINT_URL_SQS")

@@ -37,7 +37,7 @@ from worker.observability.health import (
     serve_until,
     write_liveness_file,
 )
-from worker.settings import WorkerSettings
+from worker.settings import WorkerSettings, child_environment
 
 log = logging.getLogger("worker.supervisor")
 
@@ -299,10 +299,9 @@ class Supervisor:
             self.exit_code = 1
 
     def _child_env(self, child: Child) -> dict[str, str]:
-        env = dict(os.environ)
-        env["WORKER_PROCESSES"] = "1"
-        env["WORKER_HEALTH_FILE"] = child.health_file
-        env[PROCESS_INDEX_ENV] = str(child.index)
+        env = child_environment(
+            WORKER_PROCESSES="1", WORKER_HEALTH_FILE=child.health_file, **{PROCESS_INDEX_ENV: str(child.index)}
+        )
         if child.health_port is not None:
             env["WORKER_HEALTH_PORT"] = str(child.health_port)
         return env
