@@ -68,7 +68,9 @@ async def test_a_rate_limit_holds_across_two_workers(backend: Backend, dynamodb:
     ):
         await wait_all([first.recorder, second.recorder], lambda: len(starts) == jobs, timeout_s=60)
     events = first.recorder.events + second.recorder.events
-    assert most_in_a_window(list(starts.values()), 4.0) <= 8
+    # slots are 0.51 s apart; a start late by the event loop (a loaded machine) brings its window's end closer:
+    # 0.25 s of lateness tolerated (a limiter letting 9 through per 4 s, 0.44 s apart, still fails this)
+    assert most_in_a_window(list(starts.values()), 4.0 - 0.25) <= 8
     assert sorted(starts) == list(range(jobs))
     held = [e for e in events if e.kind is Kind.RELEASED and (e.reason or "").startswith("rate limit 8/4s of 'call'")]
     assert held, "16 jobs on 8 slots at 8/4s: some must have been held back"
@@ -123,7 +125,7 @@ async def test_a_breaker_opens_pauses_probes_once_across_two_workers_and_closes(
 
     @registry.job(
         "hook",
-        breaker=Breaker(key=lambda p: p["host"], failures=3, window_s=60, cooldown_s=2),
+        breaker=Breaker(key=lambda p: p["host"], failures=3, window_s=60, cooldown_s=8),  # outlasts a slow endpoint
         max_attempts=50,
         backoff_base_s=0,
         backoff_max_s=0,

@@ -160,9 +160,9 @@ async def open_runner(
     """A TaskRunner wired to the dead-letter table and (when configured) the idempotency ledger."""
     from worker.runtime.assemble import check_registry, check_table, worker_id
 
-    check_registry(settings, registry)
     if not cloudtasks.dead_letter_table:
         raise ConfigError("WORKER_CLOUDTASKS_DEAD_LETTER_TABLE is not set: Cloud Tasks keeps no dead letters itself")
+    check_registry(settings, registry)
     queue = queue_name_of(settings.queue.rsplit("/", 1)[-1])
     async with contextlib.AsyncExitStack() as stack:
         dynamodb = await stack.enter_async_context(
