@@ -162,6 +162,9 @@ class IdleQueue(Queue):
             self.open_polls -= 1
         return []
 
+    async def maximum_message_bytes(self) -> int | None:
+        return None  # not readable: the worker's start check then says nothing
+
 
 async def test_an_idle_set_keeps_one_long_poll_per_queue_holding_one_slot() -> None:
     queues = [IdleQueue(name) for name in ("critical", "default", "bulk")]

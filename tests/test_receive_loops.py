@@ -131,6 +131,9 @@ class ScriptedQueue(Queue):
     async def _visibility_batch(self, items: list[tuple[str, int]]) -> dict[int, EntryFailed]:
         return {}
 
+    async def maximum_message_bytes(self) -> int | None:
+        return None  # not readable: the worker's start check then says nothing
+
 
 class StalledSecondReceive(ScriptedQueue):
     """The second receive never answers (a stalled connection); every other one brings one message."""
