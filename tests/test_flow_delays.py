@@ -121,7 +121,7 @@ async def test_a_long_delay_runs_once_after_its_due_time(backend: Backend) -> No
     async with running_worker(backend.endpoint_url, queues, registry, poll_wait_s=1, max_hop_s=2) as running:
         await running.recorder.wait_count(Kind.SUCCEEDED, 1, timeout_s=30)
         hops = running.recorder.of(Kind.RELEASED)
-        assert 2 <= len(hops) <= 4, hops  # 4.2 s in hops of at most 2 s
+        assert 1 <= len(hops) <= 4, hops  # 4.2 s in hops of at most 2 s (a late first receive needs fewer)
         assert all(e.reason == "not yet due" and (e.delay_s or 0) <= 2 for e in hops)
     assert len(started) == 1
     late_s = started[0] - due_at.timestamp()
