@@ -111,6 +111,14 @@ def tree_cpu_s(pid: int) -> float:
     return total / ticks
 
 
+def others_cpu_s(endpoint_pid: int | None) -> tuple[float, float]:
+    """CPU seconds so far of the endpoint's process tree (0 when it was not started here) and of this script
+    (the counting proxy and the side channel): what the worker's cores are shared with."""
+    endpoint_s = tree_cpu_s(endpoint_pid) if endpoint_pid else 0.0
+    own = os.times()
+    return endpoint_s, own.user + own.system
+
+
 def tree_memory_mb(pid: int) -> tuple[float, float]:
     """(summed PSS, summed RSS) of the process tree, in MiB."""
     pss_kb = rss_kb = 0
@@ -461,8 +469,10 @@ def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratc
         if proxy is not None:
             wait_first_receive(proxy, run, args.timeout_s)
             cpu_startup_s = tree_cpu_s(run.process.pid)
+        others_before = others_cpu_s(args.endpoint_pid)
         wait_done(client, run, args.jobs, sampler, args.timeout_s)
         cpu_drain_s = tree_cpu_s(run.process.pid) - cpu_startup_s
+        others_after = others_cpu_s(args.endpoint_pid)
         if proxy is not None:
             result.update(drain_figures(proxy.snapshot(), run, args.jobs))
             proxy.reset()
@@ -470,6 +480,11 @@ def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratc
         if args.job_sleep_s and "drain_s" in result:  # the share of slot-time spent inside handlers
             busy_s = args.jobs * args.job_sleep_s
             result["handler_utilization"] = round(busy_s / (args.concurrency * result["drain_s"]), 3)
+        drain_s = result.get("drain_s") or result.get("starts_span_s")
+        if drain_s:  # the cores the endpoint and this script (proxy, side channel) used meanwhile
+            result["worker_cores"] = round(cpu_drain_s / drain_s, 2)
+            result["endpoint_cores"] = round((others_after[0] - others_before[0]) / drain_s, 2)
+            result["harness_cores"] = round((others_after[1] - others_before[1]) / drain_s, 2)
         if proxy is not None:  # the first ReceiveMessage marks the end of startup
             result["cpu_startup_s"] = round(cpu_startup_s, 2)
             result["cpu_drain_s"] = round(cpu_drain_s, 2)
@@ -552,6 +567,9 @@ def repeat_ratios(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+CORES = ("worker_cores", "endpoint_cores", "harness_cores")
+
+
 def table(results: list[dict[str, Any]]) -> str:
     columns: list[tuple[str, Callable[[dict[str, Any]], object]]] = [
         ("side", label),
@@ -571,6 +589,7 @@ def table(results: list[dict[str, Any]]) -> str:
         ("ddb writes/job", lambda r: r.get("dynamodb_writes_per_job", "")),
         ("handler util", lambda r: r.get("handler_utilization", "")),
         ("RSS MB", lambda r: r["peak_rss_sum_mb"]),
+        ("cores: worker/endpoint/harness", lambda r: "/".join(str(r.get(k, "")) for k in CORES)),
     ]
     lines = ["| " + " | ".join(name for name, _ in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(str(get(r)) for _, get in columns) + " |" for r in results]
@@ -705,6 +724,7 @@ def main() -> int:
         celery_python()
     backend: Backend | None = None if args.endpoint_url else start_localstack()
     endpoint_url = args.endpoint_url or (backend.endpoint_url if backend else "")
+    args.endpoint_pid = backend.process.pid if backend is not None and backend.process is not None else None
     results: list[dict[str, Any]] = []
     by_repeat: list[dict[str, dict[str, Any]]] = []
     loads = []

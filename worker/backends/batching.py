@@ -72,7 +72,9 @@ class Batcher(Generic[E]):
             self._start_flush()
         elif self._timer is None:
             self._timer = loop.call_later(self._max_delay_s, self._start_flush)
-        await asyncio.shield(future)
+        # Not shielded: a caller cancelled meanwhile cancels only its future; its entry is still sent (``_send``
+        # skips futures that are done).
+        await future
 
     def _start_flush(self) -> None:
         if self._timer is not None:

@@ -30,6 +30,8 @@ SYSTEM_ATTRIBUTES = [
     "MessageDeduplicationId",
     "SequenceNumber",
 ]
+#: What a standard queue's messages carry of them (the last three are FIFO's).
+STANDARD_SYSTEM_ATTRIBUTES = SYSTEM_ATTRIBUTES[:2]
 
 
 class Queue:
@@ -40,6 +42,7 @@ class Queue:
         freeze_user_agent(client)
         self.url = url
         self.is_fifo = url.endswith(".fifo")
+        self._system_attributes = SYSTEM_ATTRIBUTES if self.is_fifo else STANDARD_SYSTEM_ATTRIBUTES
         self.name = url.rstrip("/").rsplit("/", 1)[-1]
         self.deleter: Batcher[str] = Batcher(self._delete_batch, name="delete", max_delay_s=batch_delay_s)
         self.visibility: Batcher[tuple[str, int]] = Batcher(
@@ -56,7 +59,7 @@ class Queue:
                 MaxNumberOfMessages=max(1, min(10, max_messages)),
                 WaitTimeSeconds=wait_s,
                 VisibilityTimeout=visibility_timeout_s,
-                MessageSystemAttributeNames=SYSTEM_ATTRIBUTES,  # type: ignore[arg-type]
+                MessageSystemAttributeNames=self._system_attributes,  # type: ignore[arg-type]
                 MessageAttributeNames=["All"],
             )
         except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:

@@ -179,7 +179,9 @@ async def open_worker(
     connection = settings.aws().client_kwargs()
     config = client_config(settings)
     async with contextlib.AsyncExitStack() as stack:
-        sqs: SQSClient = await stack.enter_async_context(async_client("sqs", config=config, connection=connection))
+        sqs: SQSClient = await stack.enter_async_context(
+            async_client("sqs", config=client_config(settings, validate=False), connection=connection)
+        )
         queue_set = await wait_for_queue_set(sqs, settings, stop)
         ledger: Any = None
         workflows: Any = None

@@ -100,7 +100,8 @@ async def call_handler(job: PreparedJob, context: JobContext, threads: JobThread
     args: tuple[Any, ...] = (job.payload, context) if job.spec.wants_context else (job.payload,)
     timeout_s = job.spec.timeout_s
     if job.spec.is_async:
-        return await asyncio.wait_for(job.spec.handler(*args), timeout=timeout_s)
+        async with asyncio.timeout(timeout_s):  # in this task: wait_for would start another one per job
+            return await job.spec.handler(*args)
     handler = job.spec.handler
 
     def call() -> Any:

@@ -26,11 +26,21 @@ class Receivers:
     """Hands out receives over a set of routes, by the priority policy, from the worker's slots."""
 
     def __init__(
-        self, routes: Sequence[Route], *, mode: Mode, slots: Slots, hedge_after_s: float, fill_wait_s: float = 0.0
+        self,
+        routes: Sequence[Route],
+        *,
+        mode: Mode,
+        slots: Slots,
+        hedge_after_s: float,
+        fill_wait_s: float = 0.0,
+        fill_wait_in_flight_s: float | None = None,
     ) -> None:
         self.routes = list(routes)
-        #: A single busy queue: how long a receive waits for a full batch of free slots (``Slots.fill``).
+        #: A single busy queue: how long a receive waits for a full batch of free slots (``Slots.fill``), and how
+        #: long while another receive is in flight: its messages run and free their slots soon, so the few slots
+        #: left over (64 slots are 6 batches and 4) wait for them instead of asking SQS for a partial batch.
         self.fill_wait_s = fill_wait_s
+        self.fill_wait_in_flight_s = fill_wait_s if fill_wait_in_flight_s is None else fill_wait_in_flight_s
         self._busy = False
         self.policy = Priorities([route.weight for route in self.routes], mode=mode)
         self.hedge_after_s = hedge_after_s
@@ -43,7 +53,8 @@ class Receivers:
         while True:
             await self.slots.wait_free()
             if self.policy.single and self._busy and self.fill_wait_s > 0:
-                await self.slots.fill(min(10, self.slots.total), self.fill_wait_s)
+                wait_s = self.fill_wait_in_flight_s if self.slots.receiving else self.fill_wait_s
+                await self.slots.fill(min(10, self.slots.total), wait_s)
             grant = self.policy.next(self.slots.free)
             if grant is not None:
                 return self.routes[grant.index], grant.index, self.slots.reserve_now(grant.count)

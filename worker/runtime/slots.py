@@ -171,6 +171,11 @@ class Slots:
             self._available.set()
 
     @property
+    def receiving(self) -> bool:
+        """Whether a receive holding slots (not lent) is in flight."""
+        return bool(self._open)
+
+    @property
     def in_use(self) -> int:
         return self.total - self.free
 

@@ -68,6 +68,8 @@ INTERNAL_ERROR_RETRY_S = 30
 HEDGE_AFTER_S = 0.05
 #: While the queue is busy, how long a receive loop waits for a full batch of free slots (see Slots.fill).
 FILL_WAIT_S = 0.01
+#: The same while another receive is in flight (its jobs will free slots): fewer partial receives.
+FILL_WAIT_IN_FLIGHT_S = 0.05
 #: After the shutdown grace, how long a plain ``def`` handler still running in its thread may still finish (and
 #: its message be acknowledged) before the process exits without it.
 THREAD_FINISH_WAIT_S = 2.0
@@ -123,7 +125,12 @@ class Worker:
         self._rng = rng or random.Random()
         self._slots = Slots(options.concurrency)
         self._receivers = Receivers(
-            routes, mode=mode, slots=self._slots, hedge_after_s=HEDGE_AFTER_S, fill_wait_s=FILL_WAIT_S
+            routes,
+            mode=mode,
+            slots=self._slots,
+            hedge_after_s=HEDGE_AFTER_S,
+            fill_wait_s=FILL_WAIT_S,
+            fill_wait_in_flight_s=FILL_WAIT_IN_FLIGHT_S,
         )
         #: FIFO groups waiting their turn, by (queue URL, MessageGroupId).
         self._groups: dict[tuple[str, str], deque[Held]] = {}
