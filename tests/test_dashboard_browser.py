@@ -7,12 +7,8 @@ README's come from ``SQS_WORKER_SCREENSHOTS=docs/screenshots``).
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
-import shutil
-import signal
 import subprocess
 import urllib.error
 import urllib.parse
@@ -27,17 +23,24 @@ import boto3
 import pytest
 
 from tests.support.backends import Backend
+from tests.support.browser import (
+    cell,
+    chromium,
+    running_dashboard,
+    shot,
+    signed_in_page,
+    stack_env,
+    stop,
+    worker_and_dashboard,
+)
 from tests.support.harness import make_queues
-from tests.support.idempotency import dynamodb_client
-from tests.support.process import ROOT, start, wait_until, worker_env
+from tests.support.process import wait_until, worker_env
 from tests.support.queues import message_count, queue_counts
-from worker.idempotency import create_table
 from worker.ops.bootstrap import Created
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 TOKEN = "dash-" + uuid.uuid4().hex
-STEP_TIMEOUT_MS = 10_000
 
 
 @dataclass
@@ -48,30 +51,6 @@ class Stack:
     url: str
     sqs: Any
     worker: subprocess.Popen[bytes]
-    dashboard: subprocess.Popen[bytes]
-    shots: list[Path]
-
-
-def chromium_path() -> str:
-    found = os.environ.get("SQS_WORKER_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if not found:
-        pytest.fail("no chromium on PATH: scripts/test installs it (apt-get install -y chromium)")
-    return found
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-
-
-def _url_from(stderr: Path) -> str | None:
-    match = re.search(r"sqs-worker dashboard: (http://\S+)", stderr.read_text(encoding="utf-8", errors="replace"))
-    return match.group(1) if match else None
 
 
 @pytest.fixture(scope="module")
@@ -80,21 +59,7 @@ def stack(moto_backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> It
     tmp = tmp_path_factory.mktemp("dashboard")
     queues = make_queues(endpoint, max_receive_count=5)
     table = f"ledger-{uuid.uuid4().hex[:8]}"
-
-    async def make_table() -> None:
-        async with dynamodb_client(endpoint) as client:
-            await create_table(client, table)
-
-    asyncio.run(make_table())
-    env = worker_env(
-        endpoint,
-        TMP=str(tmp),
-        WORKER_QUEUE=queues.queue_url.rsplit("/", 1)[-1],
-        WORKER_HANDLERS="tests.support.dashboard_handlers",
-        WORKER_IDEMPOTENCY_TABLE=table,
-        WORKER_SCHEDULES_FILE=str(ROOT / "schedules.example.yaml"),
-        WORKER_LOG_FORMAT="text",
-    )
+    env = stack_env(endpoint, tmp, table=table, WORKER_QUEUE=queues.queue_url.rsplit("/", 1)[-1])
     sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
     for card in ("4000-0001", "4000-0002", "4000-0003"):
         sqs.send_message(
@@ -106,62 +71,25 @@ def stack(moto_backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> It
     sqs.send_message(QueueUrl=queues.queue_url, MessageBody=json.dumps(invoice))
     report = {"type": "build_report", "payload": {"report": "q3-sales", "api_token": "tok-SECRET-123"}}
     sqs.send_message(QueueUrl=queues.queue_url, MessageBody=json.dumps(report))
-    worker = start("run", env=env, stderr_path=tmp / "worker.log")
-    dash_env = {**env, "WORKER_DASHBOARD_TOKEN": TOKEN, "WORKER_DASHBOARD_ACTIONS": "true",
-                "WORKER_DASHBOARD_SAMPLE_S": "1"}  # fmt: skip
-    dashboard = start("dashboard", "--port", "0", env=dash_env, stderr_path=tmp / "dashboard.log")
-    try:
-        wait_until(lambda: _url_from(tmp / "dashboard.log") is not None, 30, "the dashboard to listen")
+    with worker_and_dashboard(env, tmp, token=TOKEN) as (worker, url):
         wait_until(
             lambda: message_count(sqs, queues.dlq_url) == 6 and message_count(sqs, queues.queue_url) == 0,
             30,
             "the worker to dead-letter 6 jobs and finish the report",
         )
-        url = _url_from(tmp / "dashboard.log")
-        assert url is not None
-        yield Stack(endpoint, queues, table, url, sqs, worker, dashboard, [])
-    finally:
-        _stop(worker)
-        _stop(dashboard)
-    for log in ("worker.log", "dashboard.log"):
-        text = (tmp / log).read_text(encoding="utf-8", errors="replace")
-        assert "Traceback" not in text, f"{log}:\n{text[-3000:]}"
+        yield Stack(endpoint, queues, table, url, sqs, worker)
 
 
 @pytest.fixture(scope="module")
 def browser(stack: Stack) -> Iterator[Any]:
-    with playwright_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"], timeout=30_000)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as browser:
+        yield browser
 
 
 @pytest.fixture
 def page(browser: Any, stack: Stack) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
-    page = context.new_page()
-    page.set_default_timeout(STEP_TIMEOUT_MS)
-    page.goto(f"{stack.url}?token={TOKEN}")  # sets the cookie, as a person pastes the link once
-    try:
+    with signed_in_page(browser, stack.url, TOKEN) as page:
         yield page
-    finally:
-        context.close()
-
-
-def shot(page: Any, name: str, tmp_path: Path) -> None:
-    path = tmp_path / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    target = os.environ.get("SQS_WORKER_SCREENSHOTS")
-    if target:
-        Path(target).mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, Path(target) / path.name)
-
-
-def cell(page: Any, queue: str, field: str) -> str:
-    text: str = page.locator(f'tr[data-queue="{queue}"] [data-field="{field}"]').inner_text()
-    return text
 
 
 def test_overview_shows_the_queue_counts_and_the_workers_page_the_live_worker(
@@ -207,7 +135,7 @@ def test_search_finds_the_dead_letters_of_an_error(page: Any, stack: Stack, tmp_
 def test_requeue_moves_exactly_the_selected_dead_letters_and_the_audit_shows_it(
     page: Any, stack: Stack, tmp_path: Path
 ) -> None:
-    _stop(stack.worker)  # the requeued jobs would fail again: keep them where the requeue put them
+    stop(stack.worker)  # the requeued jobs would fail again: keep them where the requeue put them
     page.goto(f"{stack.url}dead-letters?q=card+declined")
     rows = page.locator("#letters tbody tr")
     selected = [rows.nth(i).get_attribute("data-id") for i in (0, 2)]
@@ -304,12 +232,7 @@ def test_without_actions_the_dashboard_is_read_only(stack: Stack, tmp_path: Path
     env = worker_env(
         stack.endpoint_url, TMP=str(tmp_path), WORKER_QUEUE=stack.queues.queue_url.rsplit("/", 1)[-1]
     )  # no token (loopback), no WORKER_DASHBOARD_ACTIONS
-    log = tmp_path / "readonly.log"
-    process = start("dashboard", "--port", "0", env=env, stderr_path=log)
-    try:
-        wait_until(lambda: _url_from(log) is not None, 30, "the read-only dashboard to listen")
-        url = _url_from(log)
-        assert url is not None
+    with running_dashboard(env, tmp_path / "readonly.log") as url:
         with urllib.request.urlopen(f"{url}dead-letters", timeout=10) as response:
             html = response.read().decode()
         assert "read-only" in html
@@ -322,6 +245,4 @@ def test_without_actions_the_dashboard_is_read_only(stack: Stack, tmp_path: Path
         assert "read-only" in refused.value.read().decode()
         with urllib.request.urlopen(f"{url}healthz", timeout=10) as response:
             assert response.status == 200
-    finally:
-        _stop(process)
     assert message_count(stack.sqs, stack.queues.dlq_url) == 2  # nothing purged

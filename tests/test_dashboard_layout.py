@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from tests.support.backends import Backend
+from tests.support.browser import chromium, running_dashboard, shot, signed_in_page
 from tests.support.harness import make_queues
-from tests.support.process import start, wait_until, worker_env
-from tests.test_dashboard_browser import _stop, _url_from, chromium_path, shot
+from tests.support.process import worker_env
 from tests.test_dlq import dead_letter
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 TOKEN = "dash-" + uuid.uuid4().hex
 LONG_TYPE = "t" * 256
@@ -44,15 +44,8 @@ def dashboard(moto_backend: Backend, tmp_path: Path) -> Iterator[str]:
         WORKER_DASHBOARD_TOKEN=TOKEN,
         WORKER_DASHBOARD_ACTIONS="true",
     )
-    log = tmp_path / "dashboard.log"
-    process = start("dashboard", "--port", "0", env=env, stderr_path=log)
-    try:
-        wait_until(lambda: _url_from(log) is not None, 30, "the dashboard to listen")
-        url = _url_from(log)
-        assert url is not None
+    with running_dashboard(env, tmp_path / "dashboard.log") as url:
         yield url
-    finally:
-        _stop(process)
 
 
 def page_width(page: Any) -> int:
@@ -71,39 +64,29 @@ def isolated(page: Any, selector: str) -> list[tuple[str, str, str]]:
 
 
 def test_long_and_bidi_values_stay_in_the_viewport_and_isolated(dashboard: str, tmp_path: Path) -> None:
-    with playwright_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"], timeout=30_000)
-        try:
-            context = chromium.new_context(viewport={"width": WIDTH, "height": 860})
-            page = context.new_page()
-            page.set_default_timeout(10_000)
-            page.goto(f"{dashboard}dead-letters?token={TOKEN}")
-            assert page_width(page) <= WIDTH
-            texts = isolated(page, "#letters")
-            assert texts and all(bidi == "isolate" for _, bidi, _ in texts), texts
-            assert all("\\u202eevil" in text for _, _, text in texts), texts  # the override shown, not obeyed
-            clipped = page.locator("#letters bdi.clip").first
-            assert clipped.get_attribute("title") == LONG_TYPE  # the whole value on hover
-            shot(page, "dead-letters-hostile", tmp_path)
-            page.locator("#letters tbody tr a").first.click()
-            page.wait_for_selector("#body")
-            assert page_width(page) <= WIDTH
-            body = isolated(page, "#body")
-            assert body and all(b == "isolate" and "\\u202eevil" in t for _, b, t in body), body
-            assert "\\x0a" not in page.inner_text("#body")  # the body's lines stay lines
-            shot(page, "dead-letter-hostile", tmp_path)
-            page.goto(f"{dashboard}dead-letters")
+    with chromium() as browser, signed_in_page(browser, dashboard, TOKEN, path="dead-letters", width=WIDTH) as page:
+        assert page_width(page) <= WIDTH
+        texts = isolated(page, "#letters")
+        assert texts and all(bidi == "isolate" for _, bidi, _ in texts), texts
+        assert all("\\u202eevil" in text for _, _, text in texts), texts  # the override shown, not obeyed
+        clipped = page.locator("#letters bdi.clip").first
+        assert clipped.get_attribute("title") == LONG_TYPE  # the whole value on hover
+        shot(page, "dead-letters-hostile", tmp_path)
+        page.locator("#letters tbody tr a").first.click()
+        page.wait_for_selector("#body")
+        assert page_width(page) <= WIDTH
+        body = isolated(page, "#body")
+        assert body and all(b == "isolate" and "\\u202eevil" in t for _, b, t in body), body
+        assert "\\x0a" not in page.inner_text("#body")  # the body's lines stay lines
+        shot(page, "dead-letter-hostile", tmp_path)
+        page.goto(f"{dashboard}dead-letters")
 
-            page.locator("#letters input[type=checkbox]").first.check()
-            page.click("#requeue-selected")
-            page.fill("#reason", f"{RLO}evil reason")
-            page.click("#confirm-button")
-            page.wait_for_selector("#done")
-            why = isolated(page, "#audit")
-            assert why and all(b == "isolate" and "\\u202eevil reason" in t for _, b, t in why), why
-            assert page_width(page) <= WIDTH
-            shot(page, "audit-hostile", tmp_path)
-
-            context.close()
-        finally:
-            chromium.close()
+        page.locator("#letters input[type=checkbox]").first.check()
+        page.click("#requeue-selected")
+        page.fill("#reason", f"{RLO}evil reason")
+        page.click("#confirm-button")
+        page.wait_for_selector("#done")
+        why = isolated(page, "#audit")
+        assert why and all(b == "isolate" and "\\u202eevil reason" in t for _, b, t in why), why
+        assert page_width(page) <= WIDTH
+        shot(page, "audit-hostile", tmp_path)

@@ -8,7 +8,6 @@ moves stays where it put it. The overview's screenshot goes to ``SQS_WORKER_SCRE
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -19,15 +18,13 @@ from typing import Any
 import pytest
 
 from tests.support.backends import Backend
+from tests.support.browser import cell, chromium, shot, signed_in_page, stack_env, stop, worker_and_dashboard
 from tests.support.harness import sqs_client
-from tests.support.idempotency import dynamodb_client
-from tests.support.process import ROOT, start, wait_until, worker_env
+from tests.support.process import wait_until
 from tests.support.queues import message_count, queue_counts
-from tests.test_dashboard_browser import STEP_TIMEOUT_MS, _stop, _url_from, cell, chromium_path, shot
-from worker.idempotency import create_table
 from worker.ops.bootstrap import Created, ensure_queues
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 TOKEN = "dash-" + uuid.uuid4().hex
 
@@ -52,62 +49,27 @@ def set_stack(moto_backend: Backend, tmp_path_factory: pytest.TempPathFactory) -
     sqs = sqs_client(endpoint)
     critical = ensure_queues(sqs, f"critical-{suffix}", max_receive_count=5)
     bulk = ensure_queues(sqs, f"bulk-{suffix}", max_receive_count=5)
-    table = f"ledger-{suffix}"  # the handlers' keyed jobs need one; the audit trail goes there too
-
-    async def make_table() -> None:
-        async with dynamodb_client(endpoint) as client:
-            await create_table(client, table)
-
-    asyncio.run(make_table())
-    env = worker_env(
-        endpoint,
-        TMP=str(tmp),
-        WORKER_QUEUES=f"{_name(critical.queue_url)}:10,{_name(bulk.queue_url)}:1",
-        WORKER_HANDLERS="tests.support.dashboard_handlers",
-        WORKER_IDEMPOTENCY_TABLE=table,
-        WORKER_SCHEDULES_FILE=str(ROOT / "schedules.example.yaml"),
-        WORKER_LOG_FORMAT="text",
-    )
+    queues = f"{_name(critical.queue_url)}:10,{_name(bulk.queue_url)}:1"
+    env = stack_env(endpoint, tmp, table=f"ledger-{suffix}", WORKER_QUEUES=queues)
     for card in ("4000-0001", "4000-0002"):
         body = {"type": "charge_card", "payload": {"card": card}}
         sqs.send_message(QueueUrl=critical.queue_url, MessageBody=json.dumps(body))
     for _ in range(3):
         sqs.send_message(QueueUrl=bulk.queue_url, MessageBody=json.dumps({"type": "resize_image", "payload": {}}))
-    worker = start("run", env=env, stderr_path=tmp / "worker.log")
-    dash_env = {**env, "WORKER_DASHBOARD_TOKEN": TOKEN, "WORKER_DASHBOARD_ACTIONS": "true",
-                "WORKER_DASHBOARD_SAMPLE_S": "1"}  # fmt: skip
-    dashboard = start("dashboard", "--port", "0", env=dash_env, stderr_path=tmp / "dashboard.log")
-    try:
-        wait_until(lambda: _url_from(tmp / "dashboard.log") is not None, 30, "the dashboard to listen")
+    with worker_and_dashboard(env, tmp, token=TOKEN) as (worker, url):
         wait_until(
             lambda: message_count(sqs, critical.dlq_url) == 2 and message_count(sqs, bulk.dlq_url) == 3,
             30,
             "the worker to dead-letter 2 critical and 3 bulk jobs",
         )
-        _stop(worker)  # a requeued job would fail again: keep it where the dashboard puts it
-        url = _url_from(tmp / "dashboard.log")
-        assert url is not None
+        stop(worker)  # a requeued job would fail again: keep it where the dashboard puts it
         yield SetStack(url, sqs, critical, bulk)
-    finally:
-        _stop(worker)
-        _stop(dashboard)
-    for log in ("worker.log", "dashboard.log"):
-        text = (tmp / log).read_text(encoding="utf-8", errors="replace")
-        assert "Traceback" not in text, f"{log}:\n{text[-3000:]}"
 
 
 @pytest.fixture(scope="module")
 def set_page(set_stack: SetStack) -> Iterator[Any]:
-    with playwright_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"], timeout=30_000)
-        try:
-            context = chromium.new_context(viewport={"width": 1280, "height": 860})
-            page = context.new_page()
-            page.set_default_timeout(STEP_TIMEOUT_MS)
-            page.goto(f"{set_stack.url}?token={TOKEN}")  # sets the cookie
-            yield page
-        finally:
-            chromium.close()
+    with chromium() as browser, signed_in_page(browser, set_stack.url, TOKEN) as page:
+        yield page
 
 
 def test_the_overview_lists_every_queue_of_the_set_and_its_dlq(

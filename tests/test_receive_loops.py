@@ -14,7 +14,9 @@ import pytest
 from worker.backends.batching import EntryFailed
 from worker.backends.sqs import Message, Queue
 from worker.budgets import RECEIVE
+from worker.flow.priorities import Mode
 from worker.jobs import Registry
+from worker.runtime.queueset import Receivers, Route
 from worker.runtime.slots import Slots, receive_loops
 from worker.runtime.worker import RuntimeOptions, Worker, receive_backoff_s
 
@@ -223,22 +225,52 @@ async def test_a_late_answer_on_an_idle_worker_runs_at_once() -> None:
     assert ran == [1, 2]
 
 
+def single_queue_receivers(slots: Slots, *, fill_wait_s: float) -> Receivers:
+    """The receive side of a worker on one queue (``Receivers.reserve`` only picks the route: it sends nothing)."""
+    queue = Queue(cast(Any, None), "http://127.0.0.1:1/000000000000/jobs")
+    dlq = Queue(cast(Any, None), "http://127.0.0.1:1/000000000000/jobs-dlq")
+    return Receivers([Route(queue, dlq)], mode=Mode.WEIGHTED, slots=slots, hedge_after_s=0.05, fill_wait_s=fill_wait_s)
+
+
+async def answer(receivers: Receivers, *, received: int) -> None:
+    """One receive as the runtime makes it: reserve, then the queue's answer of ``received`` messages (a full
+    answer makes the queue busy, an empty one idle); the messages keep their slots."""
+    _, index, reservation = await asyncio.wait_for(receivers.reserve(), timeout=1)
+    asked = reservation.count
+    receivers.slots.settle(reservation, received)
+    receivers.answered(index, asked=asked, received=received, lent=False, elapsed_s=0.01)
+
+
 async def test_a_busy_receive_waits_briefly_for_a_full_batch_of_slots() -> None:
     slots = Slots(20)
-    assert slots.take(18) == 18  # 2 free: without a fill wait, a receive would ask for 2 messages
-    receiving = asyncio.create_task(slots.reserve(10, fill_wait_s=5))
+    receivers = single_queue_receivers(slots, fill_wait_s=5)
+    await answer(receivers, received=10)  # a busy queue: 10 jobs hold 10 slots
+    assert slots.take(8) == 8  # 2 free: without a fill wait, a receive would ask for 2 messages
+    receiving = asyncio.create_task(receivers.reserve())
     await asyncio.sleep(0)
     assert not receiving.done()
     slots.release(7)
     await asyncio.sleep(0)
     assert not receiving.done(), "9 free: still short of a batch"
     slots.release(1)
-    assert (await asyncio.wait_for(receiving, timeout=1)).count == 10
+    _, _, reservation = await asyncio.wait_for(receiving, timeout=1)
+    assert reservation.count == 10
     assert slots.free == 0
 
 
 async def test_the_fill_wait_ends_with_what_is_free_at_its_deadline() -> None:
     slots = Slots(20)
-    assert slots.take(17) == 17
-    reservation = await asyncio.wait_for(slots.reserve(10, fill_wait_s=0.01), timeout=1)
+    receivers = single_queue_receivers(slots, fill_wait_s=0.01)
+    await answer(receivers, received=10)
+    assert slots.take(7) == 7
+    _, _, reservation = await asyncio.wait_for(receivers.reserve(), timeout=1)
     assert reservation.count == 3  # long jobs: the receive goes ahead with the slots it has
+
+
+async def test_an_idle_queue_receives_with_the_slots_free_at_once() -> None:
+    slots = Slots(20)
+    receivers = single_queue_receivers(slots, fill_wait_s=5)
+    await answer(receivers, received=0)  # the last receive found the queue empty: no batch to wait for
+    assert slots.take(18) == 18
+    _, _, reservation = await asyncio.wait_for(receivers.reserve(), timeout=1)
+    assert reservation.count == 2

@@ -26,15 +26,12 @@ from worker.ops.dlq import (
     DeadLetterQueue,
     MoveResult,
     now_utc,
-    queue_arn,
-    redrive_by_receiving,
+    redrive,
     requeue,
     resolve_dlq_url,
-    start_move_task,
-    wait_move_task,
 )
 from worker.ops.dlq_records import format_groups, group_dead_letters, printable, printable_json
-from worker.ops.progress import Progress, RateLimiter
+from worker.ops.progress import Progress
 from worker.settings import load_settings
 
 DEFAULT_READ_LIMIT = 1000
@@ -213,26 +210,19 @@ def _redrive(dlq: DeadLetterQueue, args: argparse.Namespace) -> int:
         return 2
     if snapshot.count == 0:
         return _report(MoveResult("nothing to move", total=0), f"redrive to {target}")
-    progress = Progress(sys.stderr, snapshot.count)
-    if not args.no_move_task and args.limit is None:
-        if args.rate is not None and args.rate > MOVE_TASK_MAX_RATE:
-            print(f"a move task moves at most {MOVE_TASK_MAX_RATE} messages/s; using that", file=sys.stderr)
-        rate = min(args.rate or MOVE_TASK_MAX_RATE, MOVE_TASK_MAX_RATE)
-        dlq_arn = queue_arn(dlq.sqs, dlq.dlq_url)
-        handle = start_move_task(
-            dlq.sqs, dlq_arn=dlq_arn, source_arn=queue_arn(dlq.sqs, dlq.source_url), rate_per_s=rate
-        )
-        if handle is not None:
-            result = wait_move_task(
-                dlq.sqs, dlq_arn=dlq_arn, task_handle=handle, snapshot=snapshot, rate_per_s=rate, progress=progress
-            )
-            progress.finish(result.moved)
-            return _report(result, f"redrive to {target}")
-        print("the endpoint has no StartMessageMoveTask: moving by receive, send, delete", file=sys.stderr)
-    result = redrive_by_receiving(
-        dlq, limiter=RateLimiter(args.rate), snapshot=snapshot, progress=progress, limit=args.limit
+    if not args.no_move_task and args.limit is None and args.rate is not None and args.rate > MOVE_TASK_MAX_RATE:
+        print(f"a move task moves at most {MOVE_TASK_MAX_RATE} messages/s; using that", file=sys.stderr)
+    result = redrive(
+        dlq,
+        snapshot,
+        rate_per_s=args.rate,
+        move_task=not args.no_move_task,
+        limit=args.limit,
+        progress=Progress(sys.stderr, snapshot.count),
+        on_receiving=lambda: print(
+            "the endpoint has no StartMessageMoveTask: moving by receive, send, delete", file=sys.stderr
+        ),
     )
-    progress.finish(result.moved, len(result.failed))
     return _report(result, f"redrive to {target}")
 
 

@@ -9,15 +9,12 @@ WORKER_IDEMPOTENCY_TABLE set, ``fire`` says when that time's key ``schedule:NAME
 from __future__ import annotations
 
 import argparse
-import hashlib
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from worker.errors import ConfigError
 
 if TYPE_CHECKING:
-    from mypy_boto3_sqs import SQSClient
-
     from worker.scheduling.schedules import Schedule
 
 
@@ -87,6 +84,7 @@ def render_schedule(schedule: Schedule, now: datetime, count: int) -> str:
 
 def cmd_fire(args: argparse.Namespace) -> int:
     from worker.backends.aws import sync_client
+    from worker.ops.fire import send_scheduled
     from worker.scheduling.schedules import find_schedule, format_scheduled_time
     from worker.settings import load_settings
 
@@ -153,31 +151,3 @@ def _scheduled_time(schedule: Schedule, at: str | None) -> datetime:
         hint = f"; the next one is {format_scheduled_time(upcoming[0])}" if upcoming else ""
         raise ConfigError(f"--at {at!r} is not a fire time of schedule {schedule.name!r} ({schedule.expression}){hint}")
     return moment
-
-
-def send_scheduled(client: SQSClient, queue: str, schedule: Schedule, scheduled: datetime) -> str:
-    """Send what Scheduler sends for one fire; returns the MessageId.
-
-    FIFO queues get the schedule's name as MessageGroupId (as the module's target sets it) and the body's
-    SHA-256 as MessageDeduplicationId (what content-based deduplication would use).
-    """
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from worker.backends.aws import resolve_queue_url_sync, translate
-    from worker.names import queue_name_of
-
-    body = schedule.message_body(scheduled)
-    queue_url = resolve_queue_url_sync(client, queue)
-    try:
-        extra: dict[str, str] = {}
-        if queue_name_of(queue_url).endswith(".fifo"):
-            extra = {
-                "MessageGroupId": schedule.name,
-                "MessageDeduplicationId": hashlib.sha256(body.encode("utf-8")).hexdigest(),
-            }
-        response = client.send_message(QueueUrl=queue_url, MessageBody=body, **extra)  # type: ignore[arg-type]
-    except (BotoCoreError, ClientError, OSError) as exc:
-        raise translate(
-            exc, "SendMessage", resource=queue_name_of(queue_url), endpoint=client.meta.endpoint_url
-        ) from exc
-    return response["MessageId"]

@@ -307,7 +307,7 @@ async def schedules_page(request: Request) -> Response:
 
 
 async def fire_schedule(request: Request) -> Response:
-    from worker.commands.schedules import send_scheduled
+    from worker.ops.fire import send_scheduled
     from worker.scheduling.schedules import find_schedule, format_scheduled_time, load_schedules
 
     dashboard = _dash(request)

@@ -28,20 +28,8 @@ from worker.idempotency import Record, parse_record, storage_key
 from worker.idempotency.dynamodb import STATUS_INDEX, decode_item
 from worker.names import queue_name_of
 from worker.observability.metrics import JOBS_DEAD_LETTERED, JOBS_RETRIED, JOBS_SUCCEEDED, QUEUE
-from worker.ops.dlq import (
-    MOVE_TASK_MAX_RATE,
-    DeadLetterQueue,
-    MoveResult,
-    now_utc,
-    queue_arn,
-    redrive_by_receiving,
-    requeue,
-    resolve_dlq_url,
-    start_move_task,
-    wait_move_task,
-)
+from worker.ops.dlq import DeadLetterQueue, MoveResult, now_utc, redrive, requeue, resolve_dlq_url
 from worker.ops.dlq_records import DeadLetter
-from worker.ops.progress import RateLimiter
 from worker.ops.stats import QueueStats, queue_stats
 from worker.runtime.presence import PRESENCE_STALE_S, PRESENCE_STATUS
 from worker.settings import WorkerSettings
@@ -247,23 +235,7 @@ class Sources:
 
     def _redrive(self, lane: Lane) -> MoveResult:
         dlq = self.dlq(lane)
-        snapshot = dlq.snapshot()
-        if snapshot.count == 0:
-            return MoveResult("nothing to move", total=0)
-        dlq_arn = queue_arn(self.sqs, lane.dlq_url)
-        handle = start_move_task(
-            self.sqs, dlq_arn=dlq_arn, source_arn=queue_arn(self.sqs, lane.queue_url), rate_per_s=MOVE_TASK_MAX_RATE
-        )
-        if handle is not None:
-            return wait_move_task(
-                self.sqs,
-                dlq_arn=dlq_arn,
-                task_handle=handle,
-                snapshot=snapshot,
-                rate_per_s=MOVE_TASK_MAX_RATE,
-                timeout_s=120,
-            )
-        return redrive_by_receiving(dlq, limiter=RateLimiter(None), snapshot=snapshot)
+        return redrive(dlq, dlq.snapshot(), move_task_timeout_s=120)
 
     def purge(self, lane: Lane) -> int:
         """Purge one queue's DLQ (as ``dlq purge --queue NAME``); returns about how many it held."""

@@ -1,1 +1,1 @@
-"""What the operator commands do: dead letters, stats, bootstrap, progress."""
+"""What the operator commands do: dead letters, stats, bootstrap, progress, firing a schedule."""

@@ -479,5 +479,52 @@ def _cancel_move_task(sqs: SQSClient, *, dlq_arn: str, task_handle: str, result:
     return result
 
 
+def redrive(
+    dlq: DeadLetterQueue,
+    snapshot: Snapshot,
+    *,
+    rate_per_s: int | None = None,
+    move_task: bool = True,
+    limit: int | None = None,
+    progress: Progress | None = None,
+    move_task_timeout_s: float = 3600.0,
+    on_receiving: Callable[[], None] | None = None,
+) -> MoveResult:
+    """Move the messages of ``snapshot`` back to the source queue (``dlq redrive`` and the dashboard's "Redrive
+    all"): by a move task where ``move_task``, no ``limit`` and the endpoint has StartMessageMoveTask (at
+    ``rate_per_s``, at most MOVE_TASK_MAX_RATE), else by receive, send, delete (at ``rate_per_s``, unbounded when
+    None). ``on_receiving`` is called when the endpoint has no move task and the redrive falls back to receiving;
+    ``progress`` gets the updates and the final line."""
+    if snapshot.count == 0:
+        return MoveResult("nothing to move", total=0)
+    if move_task and limit is None:
+        rate = min(rate_per_s or MOVE_TASK_MAX_RATE, MOVE_TASK_MAX_RATE)
+        dlq_arn = queue_arn(dlq.sqs, dlq.dlq_url)
+        handle = start_move_task(
+            dlq.sqs, dlq_arn=dlq_arn, source_arn=queue_arn(dlq.sqs, dlq.source_url), rate_per_s=rate
+        )
+        if handle is not None:
+            result = wait_move_task(
+                dlq.sqs,
+                dlq_arn=dlq_arn,
+                task_handle=handle,
+                snapshot=snapshot,
+                rate_per_s=rate,
+                progress=progress,
+                timeout_s=move_task_timeout_s,
+            )
+            if progress is not None:
+                progress.finish(result.moved)
+            return result
+        if on_receiving is not None:
+            on_receiving()
+    result = redrive_by_receiving(
+        dlq, limiter=RateLimiter(rate_per_s), snapshot=snapshot, progress=progress, limit=limit
+    )
+    if progress is not None:
+        progress.finish(result.moved, len(result.failed))
+    return result
+
+
 def now_utc() -> datetime:
     return datetime.now(UTC)

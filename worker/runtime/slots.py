@@ -42,13 +42,11 @@ class Slots:
         #: Reservations of receives in flight (not lent): what a message without a slot may borrow from.
         self._open: list[Reservation] = []
 
-    async def reserve(self, most: int, *, fill_wait_s: float = 0.0) -> Reservation:
+    async def reserve(self, most: int) -> Reservation:
         """Wait until at least one slot is free and no message waits for one, then take up to ``most`` for a
-        receive; ``settle`` it when the receive returns, or ``lend`` it when the receive is slow. With
-        ``fill_wait_s`` (a busy queue), wait up to that long more for ``most`` slots (see ``fill``)."""
+        receive; ``settle`` it when the receive returns, or ``lend`` it when the receive is slow. (The runtime
+        reserves through ``Receivers.reserve``, which waits for a full batch on a busy queue: ``fill``.)"""
         await self.wait_free()
-        if fill_wait_s > 0:
-            await self.fill(min(most, self.total), fill_wait_s)
         return self.reserve_now(most)
 
     async def wait_free(self) -> None:
