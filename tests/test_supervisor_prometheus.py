@@ -57,13 +57,13 @@ def succeeded(port: int) -> float:
 
 def test_one_scrape_sums_the_group_and_a_restart_does_not_lower_it(moto_backend: Backend, tmp_path: Path) -> None:
     port = free_port()
-    env, url = group(
-        moto_backend, tmp_path, WORKER_HEALTH_PORT=str(port), WORKER_PROMETHEUS_PORT=str(port), WORKER_CONCURRENCY="2"
-    )
+    settings = {"WORKER_HEALTH_PORT": str(port), "WORKER_PROMETHEUS_PORT": str(port), "WORKER_CONCURRENCY": "2"}
+    env, url = group(moto_backend, tmp_path, TMPDIR=str(tmp_path), **settings)
     log = tmp_path / "worker.log"
     worker = start("run", env=env, stderr_path=log)
     try:
         wait_until(lambda: get(port, "/readyz")[0] == 200, 60, "the group to be ready")
+        assert len(list(tmp_path.glob("sqs-worker-metrics-*/*.db"))) >= 2  # the processes' files, in $TMPDIR
         # Every family is listed before its first sample; gauges that add up do, without a process label.
         assert {"# sqs_worker_jobs", "# sqs_worker_job_duration_seconds", "# sqs_worker_endpoint_up"} <= set(
             scrape(port)
