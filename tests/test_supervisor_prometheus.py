@@ -150,6 +150,17 @@ def test_the_group_scrape_merges_the_processes_files() -> None:
         assert total(merged, "sqs_worker_jobs_total", outcome="succeeded") == 10  # a dead process's counts stay
         assert merged["sqs_worker_in_flight"] == [({"queue": "jobs"}, 2.0)]  # its live gauges go
         assert [labels["process"] for labels, _ in merged["sqs_worker_endpoint_up"]] == ["1"]
+        metrics.exited(pids[1])  # both dead: their counts live on in one file per kind
+        assert sorted(path.name for path in Path(metrics.path).iterdir()) == [
+            "counter_retired.db",
+            "histogram_retired.db",
+        ]
+        merged = samples_of(metrics.render())
+        assert total(merged, "sqs_worker_jobs_total", outcome="succeeded") == 10
+        assert total(merged, "sqs_worker_job_duration_seconds_count") == 10
+        assert total(merged, "sqs_worker_job_duration_seconds_bucket", le="0.1") == 10
+        assert total(merged, "sqs_worker_job_duration_seconds_bucket", le="0.05") == 0
+        assert "sqs_worker_in_flight" not in merged and "sqs_worker_endpoint_up" not in merged
     finally:
         metrics.close()
     assert not Path(metrics.path).exists()

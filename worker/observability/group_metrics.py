@@ -13,11 +13,14 @@ Merged: counters and histograms are summed over every process that ever ran, the
 stay, so a restart never lowers a total); gauges say in their declaration how (``multiprocess_mode``):
 ``livesum`` for what adds up (in flight, free slots, stuck threads), ``liveall`` for what belongs to one process
 (``sqs_worker_endpoint_up``), which gets a ``process`` label (the child's index: 0, 1, ...) in place of
-prometheus-client's ``pid``. ``mark_process_dead`` drops a dead child's live gauges.
+prometheus-client's ``pid``. When a child exits, ``mark_process_dead`` drops its live gauges and its counter and
+histogram files are added into one file per kind for all the dead (``counter_retired.db``): a child that crashes
+again and again would otherwise add two files, and scrape time, at each restart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -26,6 +29,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
+from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.samples import Sample
 
@@ -35,6 +39,8 @@ from worker.observability.prometheus import CONTENT_TYPE, PrometheusObserver
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: The label that tells the processes of a group apart, on per-process gauges only.
 PROCESS_LABEL = "process"
+#: The kinds of file whose values are summed over every process, the dead ones included.
+SUMMED_KINDS = ("counter", "histogram")
 
 
 def relabel_processes(metric: Metric, process_of: Callable[[str], int | None]) -> Metric:
@@ -76,6 +82,8 @@ class GroupMetrics:
         """A child is gone: its live gauges go, its counters and histograms stay in the sums."""
         self._process_by_pid.pop(str(pid), None)
         mark_process_dead(pid, self.path)  # type: ignore[no-untyped-call]
+        for kind in SUMMED_KINDS:
+            fold(os.path.join(self.path, f"{kind}_{pid}.db"), into=os.path.join(self.path, f"{kind}_retired.db"))
 
     def collect(self) -> Iterator[Metric]:
         files = glob.glob(os.path.join(self.path, "*.db"))
@@ -96,6 +104,32 @@ class GroupMetrics:
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def fold(source: str, *, into: str) -> None:
+    """Add the values of a dead process's file ``source`` to those of ``into`` and remove ``source``.
+
+    The new ``into`` is written beside it and renamed over it; the scrape, in the same event loop, never sees a
+    half-folded folder.
+    """
+    if not os.path.exists(source):
+        return
+    totals: dict[str, float] = {}
+    for path in (into, source):
+        if os.path.exists(path):
+            for key, value, _, _ in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
+                totals[key] = totals.get(key, 0.0) + value
+    partial = into.removesuffix(".db") + ".partial"  # not *.db: never read by a scrape
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(partial)
+    written = MmapedDict(partial)  # type: ignore[no-untyped-call]
+    try:
+        for key, value in totals.items():
+            written.write_value(key, value, 0.0)  # type: ignore[no-untyped-call]
+    finally:
+        written.close()  # type: ignore[no-untyped-call]
+    os.replace(partial, into)
+    os.unlink(source)
 
 
 def _families_of(queue: str) -> dict[str, tuple[str, str]]:
