@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -20,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.backends import Backend
 from tests.support.harness import sqs_client
-from tests.support.process import ROOT, start, wait_until
+from tests.support.process import ROOT, cli, start, wait_until, worker_env
 from tests.support.queues import assert_queue_empty
 from tests.test_processes import children, effects, get, group, send, stop
 from worker.dev.localaws import free_port
@@ -178,3 +179,23 @@ def test_per_process_samples_get_the_process_index_and_dead_pids_go() -> None:
         {"service": "sqs", "process": "1"},
     ]
     assert relabel_processes(jobs, lambda pid: None).samples == jobs.samples  # no pid: untouched
+
+
+def test_a_taken_prometheus_port_stops_the_group_with_2(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))  # the supervisor's address: all interfaces  # nosec B104
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = worker_env(
+            "http://127.0.0.1:9",
+            TMP=str(tmp_path),
+            TMPDIR=str(tmp_path),
+            WORKER_QUEUE="q",
+            WORKER_HANDLERS="tests.support.group_handlers",
+            WORKER_PROCESSES="2",
+            WORKER_PROMETHEUS_PORT=str(port),
+        )
+        result = cli("run", env=env, timeout_s=60)
+    assert result.returncode == 2, result.stderr
+    assert f"WORKER_PROMETHEUS_PORT={port}: cannot listen on port {port}: Address already in use" in result.stderr
+    assert not list(tmp_path.glob("sqs-worker-metrics-*")), "the metric folder outlived the refusal"
