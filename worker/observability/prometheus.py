@@ -5,7 +5,8 @@ default one), so several workers or tests in one process do not collide. A scrap
 text exposition format (version 0.0.4) through the health endpoint's small HTTP server (worker/observability/health.py).
 
 Names and labels are a public contract (docs/operations.md). To add a metric: declare it in ``__init__`` with
-``registry=self.registry`` and set it in the Observer hook (worker/observability/events.py) that delivers its value.
+``registry=self.registry`` and set it in the Observer hook (worker/observability/events.py) that delivers its value;
+a gauge also says how a group of processes merges it (``multiprocess_mode``: worker/observability/group_metrics.py).
 """
 
 from __future__ import annotations
@@ -73,15 +74,21 @@ class PrometheusObserver:
             "Messages the worker holds (running or waiting for a slot).",
             ["queue"],
             registry=registry,
+            multiprocess_mode="livesum",
         ).labels(queue)
         self.free_slots = Gauge(
-            "sqs_worker_free_slots", "Handler slots free for more jobs.", ["queue"], registry=registry
+            "sqs_worker_free_slots",
+            "Handler slots free for more jobs.",
+            ["queue"],
+            registry=registry,
+            multiprocess_mode="livesum",
         ).labels(queue)
         self.stuck_threads = Gauge(
             "sqs_worker_stuck_threads",
             "Plain def handlers still running in their thread after their job timed out or was stopped.",
             ["queue"],
             registry=registry,
+            multiprocess_mode="livesum",
         ).labels(queue)
         self.breaker_transitions = Counter(
             "sqs_worker_breaker_transitions_total",
@@ -94,6 +101,7 @@ class PrometheusObserver:
             "1 while the endpoint of a service (sqs, dynamodb) is reachable, 0 while not.",
             ["service"],
             registry=registry,
+            multiprocess_mode="liveall",
         )
 
     def emit(self, event: Event) -> None:

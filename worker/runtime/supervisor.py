@@ -9,6 +9,10 @@ Health for the whole group: each child writes its own liveness file (``<WORKER_H
 supervisor serves ``WORKER_HEALTH_PORT``, answers its own ``/readyz`` on a loopback port the supervisor picked; the
 supervisor answers ``/healthz`` and ``/readyz`` as ok only when every child is, and writes ``WORKER_HEALTH_FILE``
 while every child is live (so ``sqs-worker health --check`` keeps working unchanged).
+
+Prometheus for the whole group: with ``WORKER_PROMETHEUS_PORT`` each child keeps its metrics in the files of one
+folder (prometheus-client's multiprocess mode) and the supervisor's ``/metrics`` merges them
+(worker/observability/group_metrics.py says how and why).
 """
 
 from __future__ import annotations
@@ -28,15 +32,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.errors import ConfigError
+from worker.names import queue_name_of
+from worker.observability.group_metrics import GroupMetrics
 from worker.observability.health import (
     HealthStatus,
     Route,
     check_liveness_file,
-    listen_http,
     serve_until,
     write_liveness_file,
 )
+from worker.runtime.service import listen_all
 from worker.settings import WorkerSettings, child_environment
 
 log = logging.getLogger("worker.supervisor")
@@ -128,6 +133,8 @@ class Child:
     index: int
     health_file: str
     health_port: int | None
+    #: Its ``/metrics`` on loopback (the health port when there is one); None without WORKER_PROMETHEUS_PORT.
+    prometheus_port: int | None = None
     process: asyncio.subprocess.Process | None = None
     started_at: float = 0.0
     failures: int = 0
@@ -139,11 +146,6 @@ class Supervisor:
     """Runs ``count`` worker processes until SIGTERM/SIGINT; ``run`` returns the exit code of the group."""
 
     def __init__(self, settings: WorkerSettings, count: int, *, command: list[str] | None = None) -> None:
-        if settings.prometheus_port is not None:
-            raise ConfigError(
-                "WORKER_PROMETHEUS_PORT cannot be served with WORKER_PROCESSES above 1 yet: "
-                "use WORKER_METRICS=emf or cloudwatch, or one process"
-            )
         self.settings = settings
         self.command = command or [sys.executable, "-m", "worker.commands", "run"]
         self.children = [
@@ -154,6 +156,10 @@ class Supervisor:
             )
             for n in range(count)
         ]
+        if settings.prometheus_port is not None:
+            for child in self.children:
+                child.prometheus_port = child.health_port or free_loopback_port()
+        self.metrics: GroupMetrics | None = None  # made by run (a folder)
         self.stop = asyncio.Event()
         self.exit_code = 0
 
@@ -213,13 +219,20 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum)
-        server = None
+        routes_by_port: dict[int, dict[str, Route]] = {}
         if self.settings.health_port is not None:
-            server = await listen_http(self.routes(), host="0.0.0.0", port=self.settings.health_port)  # noqa: S104 # nosec B104
+            routes_by_port[self.settings.health_port] = self.routes()
+        if self.settings.prometheus_port is not None:
+            self.metrics = GroupMetrics(queue_name_of(self.settings.queue))
+            routes_by_port.setdefault(self.settings.prometheus_port, {})["/metrics"] = self.metrics.route
+        try:
+            servers = await listen_all(self.settings, routes_by_port)
+        except BaseException:
+            self._close_metrics()
+            raise
         log.info("starting %d worker processes", len(self.children))
         background = [asyncio.create_task(self._watch_health())]
-        if server is not None:
-            background.append(asyncio.create_task(serve_until(server, self.stop)))
+        background += [asyncio.create_task(serve_until(server, self.stop)) for server in servers]
         try:
             await asyncio.gather(*(self._keep_running(child) for child in self.children))
         finally:
@@ -228,6 +241,7 @@ class Supervisor:
             await asyncio.gather(*background, return_exceptions=True)
             with contextlib.suppress(OSError):
                 os.unlink(self.settings.health_file)
+            self._close_metrics()
         log.info("all worker processes stopped")
         return self.exit_code
 
@@ -254,14 +268,18 @@ class Supervisor:
                 *self.command, env=self._child_env(child), preexec_fn=die_with_parent
             )
             child.started_at = time.monotonic()
+            if self.metrics is not None:
+                self.metrics.started(child.process.pid, child.index)
             waiting = asyncio.ensure_future(child.process.wait())
             stopping = asyncio.ensure_future(self.stop.wait())
             await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
             stopping.cancel()
             if not waiting.done():  # stopping: the signal was passed on; wait for the child's clean exit
                 await self._await_exit(child, waiting)
+                self._exited(child)
                 return
             code = waiting.result()
+            self._exited(child)
             if self.stop.is_set():
                 return
             if code == 2:  # a configuration error: every child would hit it; stop the group with it
@@ -286,6 +304,14 @@ class Supervisor:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), delay_s)
 
+    def _exited(self, child: Child) -> None:
+        if self.metrics is not None and child.process is not None:
+            self.metrics.exited(child.process.pid)
+
+    def _close_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+
     async def _await_exit(self, child: Child, waiting: asyncio.Future[int]) -> None:
         assert child.process is not None
         try:
@@ -304,6 +330,8 @@ class Supervisor:
         )
         if child.health_port is not None:
             env["WORKER_HEALTH_PORT"] = str(child.health_port)
+        if self.metrics is not None and child.prometheus_port is not None:
+            env.update(self.metrics.child_environment(), WORKER_PROMETHEUS_PORT=str(child.prometheus_port))
         return env
 
 
