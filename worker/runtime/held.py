@@ -37,7 +37,9 @@ class Held:
     workflow_id: str | None = None
     ticket: Ticket | None = None  # what the flow gate let through (rate limit, breaker), for its report
     extension: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: The task running the handler, while it runs, and the cancellations a lost lease sent it.
     handler: asyncio.Future[Any] | None = field(default=None, repr=False)
+    lease_cancels: int = 0
     #: The last event about this message (the attempt's outcome once applied; read by the tracing span).
     last_event: Event | None = field(default=None, repr=False)
     #: The queue it came from and that queue's DLQ (None: the worker's only queue, as its Outcomes know it).
@@ -50,8 +52,17 @@ class Held:
     def stop_handler(self) -> None:
         """Cancel the running handler: its idempotency lease went to another worker, which runs the job now."""
         self.lease_lost = True
-        if self.handler is not None and not self.handler.done():
-            self.handler.cancel()
+        if self.handler is not None and not self.handler.done() and self.handler.cancel():
+            self.lease_cancels += 1
+
+    def end_handler(self) -> None:
+        """The handler returned or raised: no later lost lease cancels its task, and the cancellations one sent
+        are taken back (``Task.uncancel``), so ``cancelling()`` counts only the worker's own (shutdown)."""
+        task, self.handler = self.handler, None
+        if isinstance(task, asyncio.Task):
+            for _ in range(self.lease_cancels):
+                task.uncancel()
+        self.lease_cancels = 0
 
     def event(self, kind: Kind, queue: str, **fields: Any) -> Event:
         """An event about this message (``queue``: the name reported unless its route names its own queue;

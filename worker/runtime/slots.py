@@ -82,12 +82,18 @@ class Slots:
     def settle(self, reservation: Reservation, received: int) -> int:
         """The receive of ``reservation`` returned ``received`` messages: keep a slot for as many as it still
         holds, give back the rest. Returns how many of the messages have a slot (0 for a lent reservation)."""
+        placed, spare = self.place(reservation, received)
+        self.release(spare)
+        return placed
+
+    def place(self, reservation: Reservation, received: int) -> tuple[int, int]:
+        """``settle`` without giving back: how many of the messages have a slot, and the spare slots the caller
+        must ``release``."""
         if reservation in self._open:
             self._open.remove(reservation)
         placed = min(received, reservation.count)
         spare, reservation.count = reservation.count - placed, 0
-        self.release(spare)
-        return placed
+        return placed, spare
 
     def lend(self, reservation: Reservation, *, keep: int = 0) -> None:
         """A slow receive gives its slots back for other loops, but ``keep`` (no other message may borrow those);

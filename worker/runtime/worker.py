@@ -252,11 +252,13 @@ class Worker:
                 index, asked=asked, received=len(messages), lent=lent, elapsed_s=self.clock.monotonic() - began
             )
             # What its reservation still holds (a lent one or one borrowed from holds less), then free or borrowed
-            # slots; the rest waits for a slot.
-            placed = self._slots.settle(reservation, len(messages))
+            # slots; the rest waits for a slot. The spare slots go back after the jobs were started, so these jobs
+            # run before the receive loops those slots wake build their requests.
+            placed, spare = self._slots.place(reservation, len(messages))
             placed += self._slots.take(len(messages) - placed)
             for message in messages[:placed]:
                 self._accept(message, route)
+            self._slots.release(spare)
             for message in messages[placed:]:
                 self._spawn(self._place_later(message, route, stop))
 
@@ -366,7 +368,8 @@ class Worker:
         try:
             while waiting and not self._stopping:
                 held = waiting.popleft()
-                if not await self._run_one(held):
+                # A task per message, as for any other job: a handler's context variables stay its own.
+                if not await asyncio.create_task(self._run_one(held)):
                     # Visible again at once: SQS keeps the group locked while the failed message is in flight
                     # (its retry delay), so none of them can overtake it.
                     rest = list(waiting)
@@ -571,11 +574,15 @@ class Worker:
         self._emit(Kind.STARTED, held, queue_wait_s=queue_wait_s)
         started = self.clock.monotonic()
         handler = functools.partial(call_handler, job, context, self._threads, owner=held)
-        held.handler = asyncio.ensure_future(call_through(self.registry.middlewares, context, handler))
+        # Middleware and handler run in this job's own task (no task of their own: the handler starts in the same
+        # step as the receive that brought it, ahead of the next receive's request). A lost lease cancels this
+        # task while the handler runs (``Held.stop_handler``); those cancellations are taken back below.
+        current = asyncio.current_task()
+        held.handler = current
         try:
-            result = await held.handler
+            result = await call_through(self.registry.middlewares, context, handler)
         except asyncio.CancelledError as exc:
-            current = asyncio.current_task()
+            held.end_handler()
             if current is not None and current.cancelling():
                 raise  # the worker cancelled this job (shutdown past the grace period)
             if held.lease_lost:
@@ -586,8 +593,10 @@ class Worker:
             await self._finish(held, self._failed(held, job, exc, self.clock.monotonic() - started))
             return False
         except Exception as exc:
+            held.end_handler()
             await self._finish(held, self._failed(held, job, exc, self.clock.monotonic() - started))
             return False
+        held.end_handler()
         await self._finish(held, self._succeeded(held, job, result, self.clock.monotonic() - started))
         return True
 
