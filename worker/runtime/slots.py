@@ -34,8 +34,8 @@ class Slots:
         self.free = total
         self._available = asyncio.Event()
         self._available.set()
-        #: Set on every release: a receive waiting to fill its batch (``fill``) looks again.
-        self._freed = asyncio.Event()
+        #: Receives waiting to fill their batch (``fill``): how many slots each wants, woken when that many are free.
+        self._fillers: list[tuple[int, asyncio.Future[None]]] = []
         self._waiters: deque[asyncio.Future[bool]] = deque()
         #: Each waiter's rank (its queue's place in a queue set): a lower rank is served first, FIFO within one.
         self._ranks: dict[asyncio.Future[bool], int] = {}
@@ -67,14 +67,19 @@ class Slots:
         """Until ``wanted`` slots are free (and no message waits for one), for at most ``wait_s``; then until at
         least one is. A receive on a busy queue asks for a full batch instead of the one or two slots just freed:
         fewer ReceiveMessage calls per job, and fuller DeleteMessageBatch calls after them."""
-        deadline = asyncio.get_running_loop().time() + wait_s
-        while self.free < wanted or self._waiters:
-            remaining_s = deadline - asyncio.get_running_loop().time()
-            if remaining_s <= 0:
-                break
-            self._freed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), remaining_s)
+        if (self.free < wanted or self._waiters) and wait_s > 0:
+            # Woken by ``release`` once ``wanted`` slots are free for it (not on every release: with several
+            # receives filling, each release would wake them all), or by the timer.
+            loop = asyncio.get_running_loop()
+            filler: tuple[int, asyncio.Future[None]] = (wanted, loop.create_future())
+            self._fillers.append(filler)
+            timer = loop.call_later(wait_s, _resolve, filler[1])
+            try:
+                await filler[1]
+            finally:
+                timer.cancel()
+                with contextlib.suppress(ValueError):
+                    self._fillers.remove(filler)
         while self.free == 0 or self._waiters:  # the wait may have ended with nothing left for this receive
             self._available.clear()
             await self._available.wait()
@@ -167,8 +172,20 @@ class Slots:
             waiter = self._waiters.popleft()
             del self._ranks[waiter]
             waiter.set_result(True)
-        self._freed.set()
+        self._wake_fillers()
         self._wake()
+
+    def _wake_fillers(self) -> None:
+        """Wake the receives filling their batch, oldest first, as far as the free slots go (each its ``wanted``)."""
+        if not self._fillers or self._waiters:
+            return
+        budget = self.free
+        for wanted, future in self._fillers:  # one woken before but not yet run counts too: it takes its share
+            if wanted > budget:
+                break
+            budget -= wanted
+            if not future.done():
+                future.set_result(None)
 
     def _wake(self) -> None:
         if self.free > 0 and not self._waiters:
@@ -191,3 +208,8 @@ SPARE_RECEIVE_LOOPS = 3
 def receive_loops(concurrency: int) -> int:
     """Receive loops for ``concurrency`` slots: one per 10 slots (a receive takes at most 10), plus spares."""
     return math.ceil(concurrency / 10) + SPARE_RECEIVE_LOOPS
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
