@@ -34,6 +34,7 @@ REDACTED = "[REDACTED]"
 #: Secret values shorter than this are not searched for in free text (they would match ordinary words).
 MIN_REMEMBERED_SECRET_LENGTH = 4
 MAX_REMEMBERED_SECRETS = 512
+MAX_REMEMBERED_KEYS = 4096
 MAX_DEPTH = 8
 #: Libraries whose DEBUG output is noise (and may echo request headers); kept at WARNING.
 QUIET_LOGGERS = ("botocore", "aiobotocore", "boto3", "urllib3", "s3transfer", "asyncio")
@@ -43,6 +44,8 @@ _RECORD_ATTRIBUTES = frozenset(
     vars(logging.LogRecord("", logging.INFO, "", 0, "", None, None)).keys() | {"message", "asctime", "taskName"}
 )
 _HANDLER_MARK = "_sqs_worker_handler"
+#: Values ``Redactor.redact`` keeps as they are (exact types; subclasses take the longer way).
+_PLAIN = frozenset({int, float, bool, type(None)})
 
 
 class Redactor:
@@ -51,6 +54,8 @@ class Redactor:
     def __init__(self, fields: Iterable[str]) -> None:
         self.fields = tuple(sorted({f.strip().lower().replace("-", "_") for f in fields if f.strip()}))
         self._seen: OrderedDict[str, None] = OrderedDict()
+        #: Whether each field name seen so far is a secret one (``is_secret_key``).
+        self._verdicts: dict[str, bool] = {}
         self._patterns: list[re.Pattern[str]] = []
         #: Any of the field names, anywhere: every keyed pattern needs one, so text without it skips them all.
         self._any_field: re.Pattern[str] | None = None
@@ -76,8 +81,13 @@ class Redactor:
             )
 
     def is_secret_key(self, key: str) -> bool:
-        name = key.lower().replace("-", "_")
-        return any(field in name for field in self.fields)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            name = key.lower().replace("-", "_")
+            verdict = any(field in name for field in self.fields)
+            if len(self._verdicts) < MAX_REMEMBERED_KEYS:  # field names: a small set, looked up on every line
+                self._verdicts[key] = verdict
+        return verdict
 
     def remember(self, value: object) -> None:
         """Keep a secret value (as text) to scrub it wherever it appears later."""
@@ -125,6 +135,11 @@ class Redactor:
         """A JSON-safe copy of ``value`` with secret fields replaced; unknown objects become their ``str``."""
         if depth > MAX_DEPTH:
             return "..."
+        kind = type(value)
+        if kind is str:
+            return self.redact_text(value)
+        if kind in _PLAIN:
+            return value
         if isinstance(value, Mapping):
             out: dict[str, Any] = {}
             for key, item in value.items():
@@ -296,8 +311,11 @@ class LogObserver:
 
     def emit(self, event: Event) -> None:
         level = _EVENT_LEVELS.get(event.kind, logging.INFO)
-        if self.logger.isEnabledFor(level):
-            self.logger.log(level, _EVENT_MESSAGES.get(event.kind, event.kind.value), extra=event_fields(event))
+        logger = self.logger
+        if logger.isEnabledFor(level):
+            # The record made directly: ``Logger.log`` would walk the stack for a caller no line prints.
+            message = _EVENT_MESSAGES.get(event.kind, event.kind.value)
+            logger.handle(logger.makeRecord(logger.name, level, "", 0, message, (), None, extra=event_fields(event)))
 
     def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None:
         return None  # once a second: metrics, not logs (a stuck thread is logged once by the runtime)

@@ -147,7 +147,7 @@ class TraceFields(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         otel = _otel()
-        if otel is not None:
+        if otel is not None and not isinstance(otel.trace.get_tracer_provider(), otel.silent):
             context = otel.trace.get_current_span().get_span_context()
             if context.is_valid:
                 record.trace_id = format(context.trace_id, "032x")
