@@ -274,3 +274,53 @@ async def test_an_idle_queue_receives_with_the_slots_free_at_once() -> None:
     assert slots.take(18) == 18
     _, _, reservation = await asyncio.wait_for(receivers.reserve(), timeout=1)
     assert reservation.count == 2
+
+
+async def test_two_receives_filling_are_woken_one_batch_at_a_time() -> None:
+    slots = Slots(30)
+    receivers = single_queue_receivers(slots, fill_wait_s=5)
+    await answer(receivers, received=10)
+    assert slots.take(18) == 18  # 2 free: both receives wait to fill a batch
+    first = asyncio.create_task(receivers.reserve())
+    second = asyncio.create_task(receivers.reserve())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not first.done() and not second.done()
+    slots.release(10)  # 12 free: one batch; one receive goes, the other keeps waiting for its own
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [first.done(), second.done()] == [True, False]
+    assert first.result()[2].count == 10
+    slots.release(3)  # 5 free: woken by the first batch too, it would have gone with the 2 left
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not second.done()
+    slots.release(5)
+    _, _, reservation = await asyncio.wait_for(second, timeout=1)
+    assert reservation.count == 10
+
+
+async def test_leftover_slots_wait_longer_for_a_batch_while_another_receive_is_in_flight() -> None:
+    slots = Slots(14)
+    queue = Queue(cast(Any, None), "http://127.0.0.1:1/000000000000/jobs")
+    dlq = Queue(cast(Any, None), "http://127.0.0.1:1/000000000000/jobs-dlq")
+    receivers = Receivers(
+        [Route(queue, dlq)],
+        mode=Mode.WEIGHTED,
+        slots=slots,
+        hedge_after_s=0.05,
+        fill_wait_s=0.001,
+        fill_wait_in_flight_s=5,
+    )
+    await answer(receivers, received=10)  # busy; those 10 jobs finish at once
+    slots.release(10)
+    _, _, in_flight = await asyncio.wait_for(receivers.reserve(), timeout=1)  # a receive of 10 is in flight
+    assert in_flight.count == 10
+    leftover = asyncio.create_task(receivers.reserve())  # 4 free: it waits for a batch, past fill_wait_s
+    await asyncio.sleep(0.05)
+    assert not leftover.done()
+    placed, spare = slots.place(in_flight, 10)  # the receive in flight brings 10; their jobs finish
+    assert (placed, spare) == (10, 0)
+    slots.release(10)
+    _, _, reservation = await asyncio.wait_for(leftover, timeout=1)
+    assert reservation.count == 10
