@@ -20,9 +20,9 @@ ENV UV_PROJECT_ENVIRONMENT=/opt/venv \
 WORKDIR /src
 # Dependencies first, in their own layer: rebuilt only when the lock changes.
 COPY pyproject.toml uv.lock README.md ./
-RUN uv sync --frozen --no-default-groups --extra dashboard --no-editable --no-install-project
+RUN uv sync --frozen --no-default-groups --extra dashboard --extra uvloop --no-editable --no-install-project
 COPY worker ./worker
-RUN uv sync --frozen --no-default-groups --extra dashboard --no-editable \
+RUN uv sync --frozen --no-default-groups --extra dashboard --extra uvloop --no-editable \
     && /opt/venv/bin/sqs-worker --help >/dev/null
 
 # Runtime: the same base as the builder (the venv links its Python), the venv alone, a non-root numeric user.

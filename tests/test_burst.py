@@ -15,7 +15,10 @@ from tests.support.backends import Backend
 from tests.support.harness import drain, sqs_client
 from tests.support.process import ROOT, bootstrapped_queue, cli, lines, wait_until
 from tests.support.queues import assert_queue_empty, queue_counts
+from worker.errors import ConfigError
 from worker.runtime.burst import idle_limit_s
+from worker.runtime.service import run_loop
+from worker.settings import WorkerSettings
 
 
 def burst_env(backend: Backend, tmp_path: Path, **settings: str) -> tuple[dict[str, str], str]:
@@ -53,6 +56,33 @@ def test_burst_drains_the_queue_waits_for_retries_and_exits_0(backend: Backend, 
     assert_queue_empty(client, url)
     (dead,) = drain(backend.endpoint_url, url + "-dlq", expect=1)
     assert dead["MessageAttributes"]["error_category"]["StringValue"] == "permanent"
+
+
+@pytest.mark.parametrize(("event_loop", "module"), [("uvloop", "uvloop"), ("asyncio", "asyncio.unix_events")])
+def test_the_event_loop_is_the_one_worker_event_loop_names(
+    backend: Backend, tmp_path: Path, event_loop: str, module: str
+) -> None:
+    env, url = burst_env(backend, tmp_path, WORKER_EVENT_LOOP=event_loop)
+    client = sqs_client(backend.endpoint_url)
+    for _ in range(3):
+        client.send_message(QueueUrl=url, MessageBody=json.dumps({"type": "loop"}))
+    result = cli("run", "--burst", env=env, timeout_s=90)
+    assert result.returncode == 0, result.stderr
+    assert summary_lines(result.stdout) == ["burst done: 3 succeeded, 0 retried, 0 dead-lettered; queue empty"]
+    assert lines(tmp_path / "effects.txt") == [f"loop {module}"] * 3
+    assert_queue_empty(client, url)
+
+
+def test_uvloop_asked_for_but_not_installed_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # what an install without the extra looks like to import
+    ran: list[bool] = []
+
+    async def main() -> None:
+        ran.append(True)
+
+    with pytest.raises(ConfigError, match=r"pip install 'sqs-worker\[uvloop\] @ <source>'"):
+        run_loop(WorkerSettings(queue="q", event_loop="uvloop"), main())
+    assert ran == []
 
 
 @pytest.mark.parametrize("processes", ["1", "2"])

@@ -158,7 +158,9 @@ def test_builder_installs_the_locked_runtime_set_only(stages: list[Stage]) -> No
         assert "--no-editable" in run, "the runtime stage copies the venv, not the source"
         assert "--all-extras" not in run
         assert "--extra dashboard" in run, "the image runs `sqs-worker dashboard` too"
-        assert "--extra" not in run.replace("--extra dashboard", ""), "only the dashboard extra (not moto's dev)"
+        assert "--extra uvloop" in run, "WORKER_EVENT_LOOP=uvloop works in the image"
+        rest = run.replace("--extra dashboard", "").replace("--extra uvloop", "")
+        assert "--extra" not in rest, "only the dashboard and uvloop extras (not moto's dev)"
 
 
 def test_runtime_runs_as_a_numeric_non_root_user(runtime: Stage) -> None:
@@ -239,7 +241,10 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp_path_factory.mktemp("image") / "venv"
     uv = shutil.which("uv")
     assert uv is not None, "uv must be on PATH"
-    image_sync = ["sync", "--frozen", "--no-default-groups", "--extra", "dashboard", "--no-editable", "--quiet"]
+    image_sync = [
+        *("sync", "--frozen", "--no-default-groups", "--extra", "dashboard", "--extra", "uvloop"),
+        *("--no-editable", "--quiet"),
+    ]
     subprocess.run(
         [uv, *image_sync, "--python", sys.executable],
         cwd=REPO_ROOT,

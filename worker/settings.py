@@ -102,6 +102,9 @@ class WorkerSettings(BaseSettings):
         default="emf", description="emf: Embedded Metric Format lines on stdout; cloudwatch: batched PutMetricData."
     )
     prometheus_port: int | None = Field(default=None, ge=0, le=65_535, description="Serve /metrics on this port.")
+    event_loop: Literal["asyncio", "uvloop"] = Field(
+        default="asyncio", description="The event loop of `run`: asyncio's own, or uvloop (the `uvloop` extra)."
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
     redact_fields: Annotated[list[str], NoDecode] = Field(

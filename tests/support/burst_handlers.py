@@ -43,3 +43,9 @@ async def nap(payload: dict[str, Any], ctx: JobContext) -> None:
     record("nap started")
     await asyncio.sleep(float(payload.get("seconds", 2)))  # the work itself
     record("nap done")
+
+
+@job("loop", max_attempts=3, backoff_base_s=1, backoff_max_s=1)
+async def loop(payload: dict[str, Any]) -> None:
+    """Records the module of the event loop it runs on (``WORKER_EVENT_LOOP``)."""
+    record(f"loop {type(asyncio.get_running_loop()).__module__}")

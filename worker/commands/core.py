@@ -84,7 +84,7 @@ def add_parser(subparsers: Any) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from worker.jobs import default_registry, import_handlers
     from worker.observability.logs import configure_logging
-    from worker.runtime.service import serve
+    from worker.runtime.service import run_loop, serve
     from worker.runtime.supervisor import resolve_processes, supervise
     from worker.settings import aws_region, load_settings
 
@@ -99,12 +99,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return supervise(settings, processes)
     import_handlers(settings.handlers)
     if not burst:
-        asyncio.run(serve(settings, default_registry))
+        run_loop(settings, serve(settings, default_registry))
         return 0
     from worker.runtime.burst import Burst
 
     watcher = Burst(settings, default_registry)
-    asyncio.run(serve(settings, default_registry, companions=[watcher.watch], extra_observers=[watcher]))
+    run_loop(settings, serve(settings, default_registry, companions=[watcher.watch], extra_observers=[watcher]))
     print(watcher.summary(), flush=True)
     return watcher.exit_code
 

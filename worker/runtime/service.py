@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from worker.errors import ConfigError, QueueUnavailable
 from worker.jobs import Registry
@@ -23,6 +23,8 @@ from worker.runtime.presence import PresenceObserver, presence_companion
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("worker")
+
+T = TypeVar("T")
 
 #: Extra coroutines to run beside the worker (the local scheduler of ``sqs-worker dev``); they get ``stop``.
 Companion = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
@@ -42,6 +44,22 @@ def install_signal_handlers(stop: asyncio.Event) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+
+
+def run_loop(settings: WorkerSettings, main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` to its end on the event loop ``WORKER_EVENT_LOOP`` names (as ``asyncio.run`` does)."""
+    if settings.event_loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            main.close()
+            raise ConfigError(
+                "WORKER_EVENT_LOOP=uvloop needs uvloop: install the extra, pip install 'sqs-worker[uvloop] @ <source>' "
+                "(the container image has it)"
+            ) from None
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(main)
+    return asyncio.run(main)
 
 
 async def serve(
