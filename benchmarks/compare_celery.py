@@ -70,6 +70,7 @@ class Side:
     processes: str = ""  # sqs-worker: WORKER_PROCESSES (default: --worker-processes)
     idempotency: bool = False  # sqs-worker: jobs carry idempotency keys, WORKER_IDEMPOTENCY_TABLE is set
     baseline: bool = False  # sqs-worker: the worker package of --baseline-src
+    event_loop: str = ""  # sqs-worker: WORKER_EVENT_LOOP (default: asyncio)
 
 
 @dataclass
@@ -257,6 +258,8 @@ def worker_command(run: Run, proxy_url: str, args: argparse.Namespace) -> tuple[
         env["PYTHONPATH"] = f"{args.baseline_src}{os.pathsep}{ROOT}"
     if run.side.idempotency:
         env["WORKER_IDEMPOTENCY_TABLE"] = f"{run.queue_name}-idempotency"
+    if run.side.event_loop:
+        env["WORKER_EVENT_LOOP"] = run.side.event_loop
     processes = run.side.processes or args.worker_processes
     if processes != "1":
         env["WORKER_PROCESSES"] = processes
@@ -682,6 +685,8 @@ SIDES = {
     "raw-4": Side("raw-4", "raw", threads=4),
     "sqs-worker": Side("sqs-worker", "sqs-worker"),
     "sqs-worker-p2": Side("sqs-worker-p2", "sqs-worker", processes="2"),
+    "sqs-worker-uvloop": Side("sqs-worker-uvloop", "sqs-worker", event_loop="uvloop"),
+    "sqs-worker-p2-uvloop": Side("sqs-worker-p2-uvloop", "sqs-worker", processes="2", event_loop="uvloop"),
     "sqs-worker-idem": Side("sqs-worker-idem", "sqs-worker", idempotency=True),
     "sqs-worker-base": Side("sqs-worker-base", "sqs-worker", baseline=True),
     "sqs-worker-base-idem": Side("sqs-worker-base-idem", "sqs-worker", baseline=True, idempotency=True),
