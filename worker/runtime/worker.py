@@ -73,6 +73,8 @@ FILL_WAIT_IN_FLIGHT_S = 0.05
 #: After the shutdown grace, how long a plain ``def`` handler still running in its thread may still finish (and
 #: its message be acknowledged) before the process exits without it.
 THREAD_FINISH_WAIT_S = 2.0
+#: At shutdown, how long outcomes still being applied (a dead letter being sent, a delete) may still take.
+OUTCOME_FINISH_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,8 @@ class Worker:
         #: FIFO groups waiting their turn, by (queue URL, MessageGroupId).
         self._groups: dict[tuple[str, str], deque[Held]] = {}
         self._jobs: set[asyncio.Task[Any]] = set()
+        #: Outcomes being applied (shielded: a job cancelled at shutdown leaves its outcome running; see _shutdown).
+        self._applying: set[asyncio.Future[None]] = set()
         self._stopping = False
         #: When each receive in flight began (monotonic); at shutdown they are abandoned, not answered.
         self._polls: dict[asyncio.Future[list[Message]], float] = {}
@@ -360,7 +364,10 @@ class Worker:
         slot is free: the next receive need not wait for this delete's round trip (shutdown still waits for it)."""
         held.finishing = True
         self._forget(held)
-        await asyncio.shield(outcome)
+        applying = asyncio.ensure_future(outcome)
+        self._applying.add(applying)
+        applying.add_done_callback(self._applying.discard)
+        await asyncio.shield(applying)
 
     async def _run_group(self, group: tuple[str, str]) -> None:
         """Run a FIFO group's messages in order; after a failure, release the rest of the group unprocessed."""
@@ -703,6 +710,7 @@ class Worker:
             _, pending = await asyncio.wait(running, timeout=self.options.shutdown_grace_s)
             if pending:
                 await self._cancel_jobs(pending)
+        await self._finish_outcomes()
         await asyncio.gather(*(h.extension for h in self.heartbeat.tracked() if h.extension), return_exceptions=True)
         heartbeat.cancel()
         await asyncio.gather(heartbeat, return_exceptions=True)
@@ -710,6 +718,23 @@ class Worker:
         # Threads still running handlers cannot be stopped: daemon threads, they end with the process.
         self._threads.close()
         log.info("worker stopped", extra={"queue": ", ".join(route.queue.name for route in self.routes)})
+
+    async def _finish_outcomes(self) -> None:
+        """Wait up to OUTCOME_FINISH_WAIT_S for the outcomes still being applied (a dead letter being sent when its
+        job was cancelled past the grace); one still unfinished then is given up: its message reappears after its
+        visibility timeout and runs again."""
+        if not self._applying:
+            return
+        _, unfinished = await asyncio.wait(set(self._applying), timeout=OUTCOME_FINISH_WAIT_S)
+        if unfinished:
+            log.warning(
+                "%d outcome(s) still being applied at exit (an endpoint failing?): their messages reappear after their "
+                "visibility timeout and run again",
+                len(unfinished),
+            )
+            for applying in unfinished:
+                applying.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
 
     async def _cancel_jobs(self, pending: set[asyncio.Task[Any]]) -> None:
         """Past the grace: cancel the jobs and release their messages. A plain ``def`` handler's thread cannot be
