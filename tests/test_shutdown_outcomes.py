@@ -45,22 +45,26 @@ class SlowDeadLetterQueue(ScriptedQueue):
         return "dead-1"
 
 
-async def test_a_dead_letter_in_flight_at_the_grace_deadline_is_finished_before_run_returns() -> None:
-    queue, dlq = OneJobQueue("jobs"), SlowDeadLetterQueue()
+def refusing_worker(queue: ScriptedQueue, dlq: ScriptedQueue) -> Worker:
+    """A worker whose one job type fails permanently (a dead letter at once), with a 50 ms shutdown grace."""
     registry = Registry()
 
     @registry.job("refuse")
     async def refuse(payload: dict[str, Any]) -> None:
         raise PermanentError("no such account")
 
-    worker = Worker(
+    return Worker(
         registry=registry,
         queue=queue,
         dlq=dlq,
         options=RuntimeOptions(concurrency=2, visibility_timeout_s=30, shutdown_grace_s=0.05, poll_wait_s=20),
     )
+
+
+async def test_a_dead_letter_in_flight_at_the_grace_deadline_is_finished_before_run_returns() -> None:
+    queue, dlq = OneJobQueue("jobs"), SlowDeadLetterQueue()
     stop = asyncio.Event()
-    running = asyncio.create_task(worker.run(stop))
+    running = asyncio.create_task(refusing_worker(queue, dlq).run(stop))
     await asyncio.wait_for(dlq.sending.wait(), timeout=5)  # the dead letter is being sent
     stop.set()  # the grace (50 ms) ends while the send waits: the job is cancelled
     await asyncio.sleep(0.2)
@@ -76,20 +80,8 @@ async def test_an_outcome_that_never_finishes_is_given_up_after_its_bound(
 ) -> None:
     monkeypatch.setattr(worker_module, "OUTCOME_FINISH_WAIT_S", 0.2)
     queue, dlq = OneJobQueue("jobs"), SlowDeadLetterQueue()  # the DLQ never answers
-    registry = Registry()
-
-    @registry.job("refuse")
-    async def refuse(payload: dict[str, Any]) -> None:
-        raise PermanentError("no such account")
-
-    worker = Worker(
-        registry=registry,
-        queue=queue,
-        dlq=dlq,
-        options=RuntimeOptions(concurrency=2, visibility_timeout_s=30, shutdown_grace_s=0.05, poll_wait_s=20),
-    )
     stop = asyncio.Event()
-    running = asyncio.create_task(worker.run(stop))
+    running = asyncio.create_task(refusing_worker(queue, dlq).run(stop))
     await asyncio.wait_for(dlq.sending.wait(), timeout=5)
     stop.set()
     await asyncio.wait_for(running, timeout=5)  # bounded: the grace, then 0.2 s for the outcome
