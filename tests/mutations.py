@@ -291,6 +291,32 @@ BREAKAGES: tuple[Breakage, ...] = (
         "if self._running >= self.options.concurrency:  # MUTANT",
         ("tests/test_cloudtasks_http.py::test_over_capacity_answers_503_but_the_last_attempt_waits",),
     ),
+    Breakage(
+        "e4",
+        "shutdown does not wait for a dead letter still being sent when its job was cancelled",
+        "worker/runtime/worker.py",
+        "        await self._finish_outcomes()\n",
+        "        pass  # MUTANT\n",
+        (
+            "tests/test_shutdown_outcomes.py::test_a_dead_letter_in_flight_at_the_grace_deadline_is_finished_before_run_returns",
+        ),
+    ),
+    Breakage(
+        "h2",
+        "a lost lease's cancellation of the job's task is not taken back (it looks like a shutdown's)",
+        "worker/runtime/held.py",
+        "                task.uncancel()\n",
+        "                pass  # MUTANT\n",
+        ("tests/test_idempotency_runtime.py::test_a_handler_whose_lease_is_taken_over_is_stopped",),
+    ),
+    Breakage(
+        "q1",
+        "a receive filling its batch is woken by every release (it then goes with the few slots left)",
+        "worker/runtime/slots.py",
+        "            budget -= wanted\n",
+        "            pass  # MUTANT\n",
+        ("tests/test_receive_loops.py::test_two_receives_filling_are_woken_one_batch_at_a_time",),
+    ),
 )
 
 
