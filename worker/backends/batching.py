@@ -65,6 +65,13 @@ class Batcher(Generic[E]):
 
     async def submit(self, entry: E) -> None:
         """Queue ``entry`` and wait until its batch was sent. Raises EntryFailed or QueueUnavailable."""
+        # Not shielded: a caller cancelled meanwhile cancels only its future; its entry is still sent (``_send``
+        # skips futures that are done).
+        await self.enqueue(entry)
+
+    def enqueue(self, entry: E) -> asyncio.Future[None]:
+        """Queue ``entry`` now (it is sent whatever its caller does next); the future ends when its batch was sent,
+        or with EntryFailed or QueueUnavailable."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self._pending.append(_Pending(entry, future))
@@ -72,9 +79,7 @@ class Batcher(Generic[E]):
             self._start_flush()
         elif self._timer is None:
             self._timer = loop.call_later(self._max_delay_s, self._start_flush)
-        # Not shielded: a caller cancelled meanwhile cancels only its future; its entry is still sent (``_send``
-        # skips futures that are done).
-        await future
+        return future
 
     def _start_flush(self) -> None:
         if self._timer is not None:

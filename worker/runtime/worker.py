@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from worker.backends.protocols import Message, MessageQueue
+from worker.backends.sqs import Queue
 from worker.budgets import RECEIVE, retry_delay_s
 from worker.context import JobContext
 from worker.envelope import INVALID_MESSAGE
@@ -604,8 +605,28 @@ class Worker:
             await self._finish(held, self._failed(held, job, exc, self.clock.monotonic() - started))
             return False
         held.end_handler()
-        await self._finish(held, self._succeeded(held, job, result, self.clock.monotonic() - started))
+        duration_s = self.clock.monotonic() - started
+        queue = held.queue_or(self.queue)
+        if (
+            isinstance(queue, Queue)
+            and held.claim is None
+            and held.ticket is None
+            and job.envelope.workflow is None
+            and (held.extension is None or held.extension.done())
+        ):
+            await self._acknowledge_now(held, queue, duration_s)
+        else:
+            await self._finish(held, self._succeeded(held, job, result, duration_s))
         return True
+
+    async def _acknowledge_now(self, held: Held, queue: Queue, duration_s: float) -> None:
+        """A plain success on SQS (no ledger, workflow, gate or heartbeat in flight): its delete is queued at once,
+        in this task; once queued it is sent whatever happens to the task (shutdown drains the batches), so no
+        shielded task of its own is needed."""
+        held.finishing = True
+        self._forget(held)
+        await self.outcomes.deleted(held, queue.delete_soon(held.message.receipt_handle))
+        self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)
 
     async def _succeeded(self, held: Held, job: PreparedJob, result: Any, duration_s: float) -> None:
         if held.claim is not None and self.ledger is not None:
