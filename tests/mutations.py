@@ -84,6 +84,7 @@ BREAKAGES: tuple[Breakage, ...] = (
         "attributes=attributes,",
         "attributes=None,",
         ("tests/test_runtime_basic.py::test_bad_input_is_dead_lettered_with_its_category",),
+        within="await self._dlq(held).send(",
     ),
     Breakage(
         "d",
