@@ -53,19 +53,11 @@ class Breakage:
 BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "a",
-        "a plain success never deletes (the SQS fast path)",
-        "worker/runtime/worker.py",
-        "await self.outcomes.deleted(held, queue.delete_soon(held.message.receipt_handle))",
+        "ack never deletes",
+        "worker/runtime/outcomes.py",
+        "await held.queue_or(self.queue).delete(held.message.receipt_handle)",
         "pass  # MUTANT",
         ("tests/test_runtime_basic.py::test_success_deletes_the_message",),
-    ),
-    Breakage(
-        "a2",
-        "ack never deletes (successes with a ledger, workflow or gate; completed duplicates)",
-        "worker/runtime/outcomes.py",
-        "await self.deleted(held, held.queue_or(self.queue).delete(held.message.receipt_handle))",
-        "pass  # MUTANT",
-        ("tests/test_idempotency_runtime.py::test_a_duplicate_of_a_completed_job_is_acknowledged_without_running",),
         within="async def ack(",
     ),
     Breakage(

@@ -64,14 +64,8 @@ class Batcher(Generic[E]):
         self.calls = 0
 
     async def submit(self, entry: E) -> None:
-        """Queue ``entry`` and wait until its batch was sent. Raises EntryFailed or QueueUnavailable."""
-        # Not shielded: a caller cancelled meanwhile cancels only its future; its entry is still sent (``_send``
-        # skips futures that are done).
-        await self.enqueue(entry)
-
-    def enqueue(self, entry: E) -> asyncio.Future[None]:
-        """Queue ``entry`` now (it is sent whatever its caller does next); the future ends when its batch was sent,
-        or with EntryFailed or QueueUnavailable."""
+        """Queue ``entry`` and wait until its batch was sent. Raises EntryFailed or QueueUnavailable. The entry is
+        queued before the first wait, so it is sent whatever its caller does next."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self._pending.append(_Pending(entry, future))
@@ -79,7 +73,9 @@ class Batcher(Generic[E]):
             self._start_flush()
         elif self._timer is None:
             self._timer = loop.call_later(self._max_delay_s, self._start_flush)
-        return future
+        # Not shielded: a caller cancelled meanwhile cancels only its future; its entry is still sent (``_send``
+        # skips futures that are done).
+        await future
 
     def _start_flush(self) -> None:
         if self._timer is not None:

@@ -79,10 +79,6 @@ class Queue:
         """Delete one message (batched with others)."""
         await self.deleter.submit(receipt_handle)
 
-    def delete_soon(self, receipt_handle: str) -> asyncio.Future[None]:
-        """Queue the delete of one message now (batched with others); the future ends when it was sent."""
-        return self.deleter.enqueue(receipt_handle)
-
     async def set_visibility(self, receipt_handle: str, timeout_s: int) -> None:
         """Set one message's visibility timeout (batched with others)."""
         await self.visibility.submit((receipt_handle, timeout_s))

@@ -73,6 +73,15 @@ def _otel() -> _Otel | None:
     )
 
 
+def _recording() -> _Otel | None:
+    """The OpenTelemetry API while a tracer provider that records is set; None without the extra or before the
+    process sets one (the API's own provider records nothing)."""
+    otel = _otel()
+    if otel is None or isinstance(otel.trace.get_tracer_provider(), otel.silent):
+        return None
+    return otel
+
+
 @functools.cache
 def _tracer(otel: _Otel) -> Any:
     """The worker's tracer: a proxy until the process sets its tracer provider, then that provider's."""
@@ -108,8 +117,8 @@ def attempt_span(held: Held, *, job_type: str, queue: str) -> Iterator[None]:
     """One attempt of ``held`` in a span, current inside the block; ended with the attempt's outcome, read from
     ``held.last_event`` when the block exits. No span while no tracer provider is set: it would record nothing,
     and making it costs about a tenth of a no-op job's CPU."""
-    otel = _otel()
-    if otel is None or isinstance(otel.trace.get_tracer_provider(), otel.silent):
+    otel = _recording()
+    if otel is None:
         yield
         return
     message = held.message
@@ -146,8 +155,8 @@ class TraceFields(logging.Filter):
     """Adds ``trace_id`` and ``span_id`` (hex) to each record written while a recording span is current."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        otel = _otel()
-        if otel is not None and not isinstance(otel.trace.get_tracer_provider(), otel.silent):
+        otel = _recording()
+        if otel is not None:
             context = otel.trace.get_current_span().get_span_context()
             if context.is_valid:
                 record.trace_id = format(context.trace_id, "032x")

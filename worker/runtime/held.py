@@ -38,7 +38,7 @@ class Held:
     ticket: Ticket | None = None  # what the flow gate let through (rate limit, breaker), for its report
     extension: asyncio.Task[None] | None = field(default=None, repr=False)
     #: The task running the handler, while it runs, and the cancellations a lost lease sent it.
-    handler: asyncio.Future[Any] | None = field(default=None, repr=False)
+    handler: asyncio.Task[Any] | None = field(default=None, repr=False)
     lease_cancels: int = 0
     #: The last event about this message (the attempt's outcome once applied; read by the tracing span).
     last_event: Event | None = field(default=None, repr=False)
@@ -59,7 +59,7 @@ class Held:
         """The handler returned or raised: no later lost lease cancels its task, and the cancellations one sent
         are taken back (``Task.uncancel``), so ``cancelling()`` counts only the worker's own (shutdown)."""
         task, self.handler = self.handler, None
-        if isinstance(task, asyncio.Task):
+        if task is not None:
             for _ in range(self.lease_cancels):
                 task.uncancel()
         self.lease_cancels = 0

@@ -20,7 +20,7 @@ import logging
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -99,12 +99,8 @@ class Outcomes:
 
     async def ack(self, held: Held) -> None:
         await self.settle(held)
-        await self.deleted(held, held.queue_or(self.queue).delete(held.message.receipt_handle))
-
-    async def deleted(self, held: Held, deleting: Awaitable[None]) -> None:
-        """Wait for the delete of ``held`` (``deleting``); one that failed is logged (the message comes back)."""
         try:
-            await deleting
+            await held.queue_or(self.queue).delete(held.message.receipt_handle)
         except (EntryFailed, QueueUnavailable) as exc:
             log.warning(
                 "delete failed; the message will be delivered again: %s", exc, extra=held.log_fields(self.queue.name)

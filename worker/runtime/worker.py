@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from worker.backends.protocols import Message, MessageQueue
-from worker.backends.sqs import Queue
 from worker.budgets import RECEIVE, retry_delay_s
 from worker.context import JobContext
 from worker.envelope import INVALID_MESSAGE
@@ -34,7 +33,7 @@ from worker.flow.gate import Gate, Outcome, Step, change_event, flow_keys
 from worker.flow.priorities import Mode
 from worker.jobs import Registry
 from worker.lifecycle import Resources, open_lifespans
-from worker.middleware import call_through
+from worker.middleware import CallNext, call_through
 from worker.observability.events import Kind, Observers
 from worker.observability.tracing import attempt_span
 from worker.policy import BUG, EXHAUSTED, PERMANENT, Action, describe_error
@@ -582,15 +581,10 @@ class Worker:
         self._emit(Kind.STARTED, held, queue_wait_s=queue_wait_s)
         started = self.clock.monotonic()
         handler = functools.partial(call_handler, job, context, self._threads, owner=held)
-        # Middleware and handler run in this job's own task (no task of their own: the handler starts in the same
-        # step as the receive that brought it, ahead of the next receive's request). A lost lease cancels this
-        # task while the handler runs (``Held.stop_handler``); those cancellations are taken back below.
-        current = asyncio.current_task()
-        held.handler = current
         try:
-            result = await call_through(self.registry.middlewares, context, handler)
+            result = await self._call_through(held, context, handler)
         except asyncio.CancelledError as exc:
-            held.end_handler()
+            current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # the worker cancelled this job (shutdown past the grace period)
             if held.lease_lost:
@@ -601,31 +595,39 @@ class Worker:
             await self._finish(held, self._failed(held, job, exc, self.clock.monotonic() - started))
             return False
         except Exception as exc:
-            held.end_handler()
             await self._finish(held, self._failed(held, job, exc, self.clock.monotonic() - started))
             return False
-        held.end_handler()
         duration_s = self.clock.monotonic() - started
-        queue = held.queue_or(self.queue)
         if (
-            isinstance(queue, Queue)
-            and held.claim is None
+            held.claim is None
             and held.ticket is None
             and job.envelope.workflow is None
             and (held.extension is None or held.extension.done())
         ):
-            await self._acknowledge_now(held, queue, duration_s)
+            await self._acknowledge_now(held, duration_s)
         else:
             await self._finish(held, self._succeeded(held, job, result, duration_s))
         return True
 
-    async def _acknowledge_now(self, held: Held, queue: Queue, duration_s: float) -> None:
-        """A plain success on SQS (no ledger, workflow, gate or heartbeat in flight): its delete is queued at once,
-        in this task; once queued it is sent whatever happens to the task (shutdown drains the batches), so no
-        shielded task of its own is needed."""
+    async def _call_through(self, held: Held, context: JobContext, handler: CallNext) -> Any:
+        """Middleware and handler, in this job's own task (no task of their own: the handler starts in the same
+        step as the receive that brought it, ahead of the next receive's request). A lost lease cancels this task
+        while they run (``Held.stop_handler``); ``Held.end_handler`` takes those cancellations back."""
+        task = asyncio.current_task()
+        assert task is not None
+        held.handler = task
+        try:
+            return await call_through(self.registry.middlewares, context, handler)
+        finally:
+            held.end_handler()
+
+    async def _acknowledge_now(self, held: Held, duration_s: float) -> None:
+        """A plain success (no ledger, workflow, gate or heartbeat in flight), in this task rather than a shielded
+        one: ``ack`` does not wait before it hands the delete to its queue (a batch entry, or the memory queue's
+        delete), and a handed-over delete is done whatever happens to the task (shutdown drains the batches)."""
         held.finishing = True
         self._forget(held)
-        await self.outcomes.deleted(held, queue.delete_soon(held.message.receipt_handle))
+        await self.outcomes.ack(held)
         self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)
 
     async def _succeeded(self, held: Held, job: PreparedJob, result: Any, duration_s: float) -> None:
