@@ -80,6 +80,12 @@ class WorkerSettings(BaseSettings):
         default_factory=list, description="Comma-separated importable modules that register handlers with @job."
     )
     concurrency: int = Field(default=10, ge=1, le=1000, description="Jobs running at once.")
+    prefetch: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="Messages held beyond the concurrency, received ahead so a job starts as soon as one ends.",
+    )
     processes: str = Field(
         default="1",
         pattern=r"^(auto|[1-9][0-9]{0,2})$",

@@ -101,6 +101,7 @@ async def running_worker(
     registry: Registry,
     *,
     concurrency: int = 4,
+    prefetch: int = 0,
     visibility_timeout_s: int = 30,
     shutdown_grace_s: float = 10.0,
     poll_wait_s: int = 1,
@@ -132,6 +133,7 @@ async def running_worker(
             dlq=dlq,
             options=RuntimeOptions(
                 concurrency=concurrency,
+                prefetch=prefetch,
                 visibility_timeout_s=visibility_timeout_s,
                 shutdown_grace_s=shutdown_grace_s,
                 poll_wait_s=poll_wait_s,

@@ -208,6 +208,7 @@ async def open_worker(
             mode=settings.queues_mode,
             options=RuntimeOptions(
                 concurrency=settings.concurrency,
+                prefetch=settings.prefetch,
                 visibility_timeout_s=settings.visibility_timeout_s,
                 shutdown_grace_s=settings.shutdown_grace_s,
                 poll_wait_s=settings.poll_wait_s,

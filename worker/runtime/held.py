@@ -28,6 +28,8 @@ class Held:
     visible_until: float
     finishing: bool = False
     lost: bool = False
+    #: It holds one of the worker's starts (``worker.runtime.starts``): from its start until its outcome began.
+    started: bool = False
     claim: Claim | None = None
     lease_lost: bool = False
     job_type: str | None = None

@@ -51,6 +51,7 @@ from worker.runtime.held import Connectivity, Held
 from worker.runtime.outcomes import Outcomes
 from worker.runtime.queueset import Receivers, Route
 from worker.runtime.slots import Slots, receive_loops
+from worker.runtime.starts import Starts
 from worker.runtime.steps import WorkflowSteps
 from worker.runtime.threads import JobThreads
 
@@ -83,6 +84,8 @@ class RuntimeOptions:
     visibility_timeout_s: int = 30
     shutdown_grace_s: float = 30.0
     poll_wait_s: int = 20
+    #: Messages held beyond ``concurrency``, received ahead and started as jobs end (``worker.runtime.starts``).
+    prefetch: int = 0
     #: The longest hop of a long delay (SQS's DelaySeconds limit); shorter only in tests, never a setting.
     max_hop_s: int = MAX_HOP_S
 
@@ -125,7 +128,10 @@ class Worker:
         self.workflows = workflows
         self._steps = WorkflowSteps(workflows, queue_name=self.queue.name)
         self._rng = rng or random.Random()
-        self._slots = Slots(options.concurrency)
+        #: Messages held (claimed): ``concurrency`` plus the prefetch; ``_starts``: jobs running, at most
+        #: ``concurrency``, and the held messages waiting to start.
+        self._slots = Slots(options.concurrency + options.prefetch)
+        self._starts: Starts[Held] = Starts(options.concurrency)
         self._receivers = Receivers(
             routes,
             mode=mode,
@@ -180,7 +186,7 @@ class Worker:
             await self._consume(stop)
 
     async def _consume(self, stop: asyncio.Event) -> None:
-        loops = receive_loops(self.options.concurrency) + len(self.routes) - 1  # one more per long poll of the set
+        loops = receive_loops(self._slots.total) + len(self.routes) - 1  # one more per long poll of the set
         receivers = [asyncio.create_task(self._receive_loop(stop), name=f"receive-{i}") for i in range(loops)]
         heartbeat = asyncio.create_task(self.heartbeat.run(), name="heartbeat")
         names = ", ".join(route.queue.name for route in self.routes)
@@ -326,7 +332,9 @@ class Worker:
         self._emit(Kind.RECEIVED, held)
         group_id = message.group_id if route.queue.is_fifo else None
         if group_id is None:
-            self._spawn(self._run_one(held))
+            if self._starts.offer(held):
+                held.started = True
+                self._spawn(self._run_one(held))
             return
         group = (route.queue.name, group_id)
         waiting = self._groups.get(group)
@@ -375,6 +383,8 @@ class Worker:
         try:
             while waiting and not self._stopping:
                 held = waiting.popleft()
+                if not await self._start_in_group(held):
+                    break
                 # A task per message, as for any other job: a handler's context variables stay its own.
                 if not await asyncio.create_task(self._run_one(held)):
                     # Visible again at once: SQS keeps the group locked while the failed message is in flight
@@ -386,9 +396,31 @@ class Worker:
             if self._groups.get(group) is waiting and not waiting:
                 del self._groups[group]
 
+    async def _start_in_group(self, held: Held) -> bool:
+        """Wait for a start for a FIFO group's next message, in turn with other held messages; at shutdown it is
+        released unrun (False)."""
+        try:
+            started = await self._starts.wait()
+        except asyncio.CancelledError:
+            await self._release_all([held], reason="shutdown", delay_s=self._release_delay_s())
+            raise
+        if not started:
+            await self._release_all([held], reason="shutdown", delay_s=self._release_delay_s())
+            return False
+        held.started = True
+        return True
+
     def _forget(self, held: Held) -> None:
+        """The job's outcome began (or it was released): its slot is free, and its start goes to the next message
+        waiting for one (a prefetched message starts without waiting for a receive)."""
         if self.heartbeat.untrack(held):
             self._slots.release(1)
+        if held.started:
+            held.started = False
+            following = self._starts.end()
+            if following is not None:
+                following.started = True
+                self._spawn(self._run_one(following))
 
     # ----------------------------------------------------------------------------------------------- one job
 
@@ -722,7 +754,8 @@ class Worker:
         for task in receivers:
             task.cancel()
         await asyncio.gather(*receivers, return_exceptions=True)
-        waiting = [held for group in self._groups.values() for held in group]
+        waiting = self._starts.close()  # prefetched, not started
+        waiting += [held for group in self._groups.values() for held in group]
         for group in self._groups.values():
             group.clear()
         if waiting:

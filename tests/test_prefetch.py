@@ -1,0 +1,229 @@
+"""``WORKER_PREFETCH``: messages held beyond the concurrency start as jobs end, never more than the concurrency run
+at once, and at shutdown the prefetched ones go back at once, unrun and uncounted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from tests.support.backends import Backend
+from tests.support.harness import make_queues, running_worker, send, sqs_client
+from tests.support.queues import assert_queue_empty, queue_counts
+from tests.test_receive_loops import ScriptedQueue
+from worker.backends.sqs import Message
+from worker.jobs import Registry
+from worker.observability.events import Kind
+from worker.runtime.starts import Starts
+from worker.runtime.worker import RuntimeOptions, Worker
+
+pytestmark = pytest.mark.memory
+
+
+class Gated:
+    """``hold`` jobs that wait until the test opens their gate, counting how many run at once."""
+
+    def __init__(self) -> None:
+        self.registry = Registry()
+        self.open = asyncio.Event()
+        self.active = 0
+        self.most_active = 0
+        self.ran: list[int] = []
+
+        @self.registry.job("hold")
+        async def hold(payload: dict[str, int]) -> None:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+            try:
+                await self.open.wait()
+                self.ran.append(payload["n"])
+            finally:
+                self.active -= 1
+
+
+def hold(n: int) -> dict[str, Any]:
+    return {"type": "hold", "payload": {"n": n}}
+
+
+async def test_prefetched_messages_are_held_but_at_most_the_concurrency_runs(backend: Backend) -> None:
+    queues = make_queues(backend.endpoint_url)
+    gated = Gated()
+    client = sqs_client(backend.endpoint_url)
+    for n in range(8):
+        send(backend.endpoint_url, queues.queue_url, hold(n))
+    async with running_worker(backend.endpoint_url, queues, gated.registry, concurrency=2, prefetch=3) as running:
+        await running.recorder.wait_count(Kind.RECEIVED, 5)
+        await running.recorder.wait_count(Kind.STARTED, 2)
+        # Held: 2 running and 3 waiting, all claimed at SQS (in flight); the other 3 still visible.
+        counts = queue_counts(client, queues.queue_url)
+        assert counts["ApproximateNumberOfMessagesNotVisible"] == 5
+        assert counts["ApproximateNumberOfMessages"] == 3
+        assert len(running.recorder.of(Kind.RECEIVED)) == 5
+        assert len(running.recorder.of(Kind.STARTED)) == 2
+        assert running.worker.in_flight == 5
+        gated.open.set()
+        await running.recorder.wait_count(Kind.SUCCEEDED, 8)
+    assert gated.most_active == 2
+    assert sorted(gated.ran) == list(range(8))
+    assert_queue_empty(client, queues.queue_url)
+
+
+async def test_at_shutdown_prefetched_messages_go_back_at_once_unrun_and_uncounted(backend: Backend) -> None:
+    queues = make_queues(backend.endpoint_url)
+    gated = Gated()
+    for n in range(3):
+        send(backend.endpoint_url, queues.queue_url, hold(n))
+    async with running_worker(
+        backend.endpoint_url, queues, gated.registry, concurrency=1, prefetch=2, shutdown_grace_s=20
+    ) as running:
+        await running.recorder.wait_count(Kind.RECEIVED, 3)
+        await running.recorder.wait_count(Kind.STARTED, 1)
+        running.stop.set()
+        # Released while the running job still has its grace: the prefetched two do not wait for it.
+        released = await running.recorder.wait_count(Kind.RELEASED, 2)
+        assert {event.reason for event in released} == {"shutdown"}
+        assert gated.active == 1 and len(running.recorder.of(Kind.STARTED)) == 1
+        gated.open.set()
+        await running.recorder.wait_count(Kind.SUCCEEDED, 1)
+    started_first = {event.message_id for event in running.recorder.of(Kind.STARTED)}
+    released_ids = {event.message_id for event in released}
+    assert not started_first & released_ids
+    # The next worker runs them as their first attempt: being prefetched and released cost them nothing.
+    async with running_worker(backend.endpoint_url, queues, gated.registry, concurrency=1, prefetch=2) as again:
+        started = await again.recorder.wait_count(Kind.STARTED, 2)
+        await again.recorder.wait_count(Kind.SUCCEEDED, 2)
+    assert [event.attempt for event in started] == [1, 1]
+    assert sorted(gated.ran) == [0, 1, 2]
+    assert_queue_empty(sqs_client(backend.endpoint_url), queues.queue_url)
+
+
+class ThreeThenStall(ScriptedQueue):
+    """The first receive brings three ``hold`` jobs; every later receive stalls (cancelled at shutdown)."""
+
+    async def receive(self, *, max_messages: int, wait_s: int, visibility_timeout_s: int) -> list[Message]:
+        self.calls += 1
+        if self.calls == 1:
+            self.asked = max_messages
+            return [
+                Message(f"id-{n}", f"handle-{n}", json.dumps(hold(n)), {"ApproximateReceiveCount": "1"}, {})
+                for n in range(min(3, max_messages))
+            ]
+        await asyncio.Event().wait()
+        return []
+
+
+async def test_a_prefetched_job_starts_when_one_ends_without_another_receive() -> None:
+    """Concurrency 1, prefetch 2: one receive brings three jobs; every later receive stalls, so the second and
+    third can only start from what the worker already holds, each as the one before it ends."""
+    queue = ThreeThenStall("jobs")
+    registry = Registry()
+    gates = [asyncio.Event() for _ in range(3)]
+    started: list[int] = []
+    changed = asyncio.Event()
+
+    @registry.job("hold")
+    async def run(payload: dict[str, int]) -> None:
+        started.append(payload["n"])
+        changed.set()
+        await gates[payload["n"]].wait()
+
+    async def started_count(count: int) -> None:
+        while len(started) < count:
+            changed.clear()
+            await changed.wait()
+
+    worker = Worker(
+        registry=registry,
+        queue=queue,
+        dlq=ScriptedQueue("dlq"),
+        options=RuntimeOptions(concurrency=1, prefetch=2, visibility_timeout_s=30, shutdown_grace_s=5, poll_wait_s=20),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await asyncio.wait_for(started_count(1), timeout=5)
+        assert queue.asked == 3  # one receive asked for the concurrency and the prefetch
+        assert started == [0]
+        gates[0].set()
+        await asyncio.wait_for(started_count(2), timeout=5)
+        assert started == [0, 1]
+        gates[1].set()
+        await asyncio.wait_for(started_count(3), timeout=5)
+        gates[2].set()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    assert started == [0, 1, 2]
+    assert queue.deleted == ["handle-0", "handle-1", "handle-2"]
+
+
+async def test_a_fifo_group_member_waits_its_turn_with_prefetched_messages() -> None:
+    """Starts hands a freed start to offered items and waiting tasks alike, in the order they came."""
+    starts: Starts[str] = Starts(1)
+    assert starts.offer("a")
+    assert not starts.offer("b")
+    waiter = asyncio.ensure_future(starts.wait())
+    await asyncio.sleep(0)  # the task waits behind b
+    assert not starts.offer("c")
+    assert starts.end() == "b"  # a's start goes to b
+    assert starts.end() is None  # b's start goes to the waiting task
+    assert await asyncio.wait_for(waiter, timeout=1)
+    assert starts.running == 1
+    assert starts.close() == ["c"]
+    assert starts.end() is None and starts.running == 0
+    assert not await starts.wait()
+
+
+async def test_fifo_groups_keep_their_order_with_prefetch(backend: Backend) -> None:
+    """Concurrency 1, prefetch 5: six messages of two groups are held at once; each group runs in order, one job
+    at a time."""
+    queues = make_queues(backend.endpoint_url, fifo=True)
+    gated = Gated()
+    gated.open.set()
+    client = sqs_client(backend.endpoint_url)
+    for n in range(6):
+        client.send_message(
+            QueueUrl=queues.queue_url,
+            MessageBody=json.dumps(hold(n)),
+            MessageGroupId="even" if n % 2 == 0 else "odd",
+            MessageDeduplicationId=f"m-{n}",
+        )
+    async with running_worker(backend.endpoint_url, queues, gated.registry, concurrency=1, prefetch=5) as running:
+        await running.recorder.wait_count(Kind.SUCCEEDED, 6)
+    assert gated.most_active == 1
+    assert [n for n in gated.ran if n % 2 == 0] == [0, 2, 4]
+    assert [n for n in gated.ran if n % 2 == 1] == [1, 3, 5]
+    assert_queue_empty(client, queues.queue_url)
+
+
+async def test_at_shutdown_fifo_members_waiting_for_a_start_go_back_unrun(backend: Backend) -> None:
+    """Concurrency 1, prefetch 2 on a FIFO queue: group a's job runs; group b's two wait (the first for a start,
+    the second behind it). SIGTERM releases both at once, while a's job still has its grace."""
+    queues = make_queues(backend.endpoint_url, fifo=True)
+    gated = Gated()
+    client = sqs_client(backend.endpoint_url)
+    for n, group in ((0, "a"), (1, "b"), (2, "b")):
+        client.send_message(
+            QueueUrl=queues.queue_url,
+            MessageBody=json.dumps(hold(n)),
+            MessageGroupId=group,
+            MessageDeduplicationId=f"m-{n}",
+        )
+    async with running_worker(
+        backend.endpoint_url, queues, gated.registry, concurrency=1, prefetch=2, shutdown_grace_s=20
+    ) as running:
+        await running.recorder.wait_count(Kind.RECEIVED, 3)
+        await running.recorder.wait_count(Kind.STARTED, 1)
+        running.stop.set()
+        released = await running.recorder.wait_count(Kind.RELEASED, 2)
+        assert gated.active == 1
+        gated.open.set()
+        await running.recorder.wait_count(Kind.SUCCEEDED, 1)
+    assert gated.ran == [0]
+    assert {event.reason for event in released} == {"shutdown"}
+    async with running_worker(backend.endpoint_url, queues, gated.registry, concurrency=1) as again:
+        await again.recorder.wait_count(Kind.SUCCEEDED, 2)
+    assert gated.ran == [0, 1, 2]
+    assert_queue_empty(client, queues.queue_url)
