@@ -71,6 +71,7 @@ class Side:
     idempotency: bool = False  # sqs-worker: jobs carry idempotency keys, WORKER_IDEMPOTENCY_TABLE is set
     baseline: bool = False  # sqs-worker: the worker package of --baseline-src
     event_loop: str = ""  # sqs-worker: WORKER_EVENT_LOOP (default: asyncio)
+    prefetch: bool = False  # sqs-worker: WORKER_PREFETCH of --prefetch (default: half the concurrency)
 
 
 @dataclass
@@ -260,6 +261,8 @@ def worker_command(run: Run, proxy_url: str, args: argparse.Namespace) -> tuple[
         env["WORKER_IDEMPOTENCY_TABLE"] = f"{run.queue_name}-idempotency"
     if run.side.event_loop:
         env["WORKER_EVENT_LOOP"] = run.side.event_loop
+    if run.side.prefetch:
+        env["WORKER_PREFETCH"] = str(args.concurrency // 2 if args.prefetch is None else args.prefetch)
     processes = run.side.processes or args.worker_processes
     if processes != "1":
         env["WORKER_PROCESSES"] = processes
@@ -483,6 +486,9 @@ def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratc
         if args.job_sleep_s and "drain_s" in result:  # the share of slot-time spent inside handlers
             busy_s = args.jobs * args.job_sleep_s
             result["handler_utilization"] = round(busy_s / (args.concurrency * result["drain_s"]), 3)
+            # the same over the middle 80% of starts: without the first receives and the last, partial, round
+            steady = result["jobs_per_s_steady"] * args.job_sleep_s / args.concurrency
+            result["handler_utilization_steady"] = round(steady, 3)
         drain_s = result.get("drain_s") or result.get("starts_span_s")
         if drain_s:  # the cores the endpoint and this script (proxy, side channel) used meanwhile
             result["worker_cores"] = round(cpu_drain_s / drain_s, 2)
@@ -591,6 +597,7 @@ def table(results: list[dict[str, Any]]) -> str:
         ("trickle req/job", lambda r: r.get("trickle", {}).get("sqs_requests_per_job", "")),
         ("ddb writes/job", lambda r: r.get("dynamodb_writes_per_job", "")),
         ("handler util", lambda r: r.get("handler_utilization", "")),
+        ("steady util", lambda r: r.get("handler_utilization_steady", "")),
         ("RSS MB", lambda r: r["peak_rss_sum_mb"]),
         ("cores: worker/endpoint/harness", lambda r: "/".join(str(r.get(k, "")) for k in CORES)),
     ]
@@ -660,6 +667,9 @@ def parse_args() -> argparse.Namespace:
         "--job-sleep-s", type=float, default=0.0, help="sqs-worker sides: handlers wait this long (jobs in flight)"
     )
     parser.add_argument("--celery-prefetch-multiplier", type=int, default=1)
+    parser.add_argument(
+        "--prefetch", type=int, help="WORKER_PREFETCH of the *-prefetch sides (default: half the concurrency)"
+    )
     parser.add_argument("--trickle-jobs", type=int, default=100, help="0: skip the latency phase")
     parser.add_argument("--trickle-rate-per-s", type=float, default=20.0)
     parser.add_argument("--timeout-s", type=float, default=600.0, help="bound on every wait")
@@ -687,6 +697,8 @@ SIDES = {
     "sqs-worker-p2": Side("sqs-worker-p2", "sqs-worker", processes="2"),
     "sqs-worker-uvloop": Side("sqs-worker-uvloop", "sqs-worker", event_loop="uvloop"),
     "sqs-worker-p2-uvloop": Side("sqs-worker-p2-uvloop", "sqs-worker", processes="2", event_loop="uvloop"),
+    "sqs-worker-prefetch": Side("sqs-worker-prefetch", "sqs-worker", prefetch=True),
+    "sqs-worker-prefetch-uvloop": Side("sqs-worker-prefetch-uvloop", "sqs-worker", event_loop="uvloop", prefetch=True),
     "sqs-worker-idem": Side("sqs-worker-idem", "sqs-worker", idempotency=True),
     "sqs-worker-base": Side("sqs-worker-base", "sqs-worker", baseline=True),
     "sqs-worker-base-idem": Side("sqs-worker-base-idem", "sqs-worker", baseline=True, idempotency=True),
