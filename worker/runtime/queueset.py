@@ -62,12 +62,14 @@ class Receivers:
             await self._changed.wait()
 
     def lend_after_s(self, index: int) -> float | None:
-        """When a receive on the queue at ``index`` still unanswered gives its slots back (None: it keeps them).
-        A single queue: after ``hedge_after_s`` while busy (a stalled endpoint). A set: once it looks like a long
-        poll on an empty queue (``AnswerTimes``)."""
+        """When a receive on the queue at ``index`` still unanswered gives its slots back (None: it keeps them):
+        after 5x the endpoint's usual answer time, at least ``hedge_after_s`` (``AnswerTimes``). A single queue
+        only while busy: a stalled endpoint. A set: a long poll on an empty queue. (A fixed 50 ms lent the slots of
+        every slow answer of a loaded endpoint, 10 ms away: an extra receive each, and the late messages then took
+        the slots that the receives filling a batch waited for.)"""
         if not self.policy.hedges(index):
             return None
-        return self.hedge_after_s if self.policy.single else self.answer_times.empty_after_s()
+        return self.answer_times.empty_after_s()
 
     def keeps_when_lent(self) -> int:
         """Slots a receive of a set keeps when it lends the rest (a long poll on an idle queue): one, so that queue's

@@ -35,7 +35,10 @@ class Slots:
         self._available = asyncio.Event()
         self._available.set()
         #: Receives waiting to fill their batch (``fill``): how many slots each wants, woken when that many are free.
-        self._fillers: list[tuple[int, asyncio.Future[None]]] = []
+        self._fillers: list[tuple[int, asyncio.Future[None], float]] = []
+        #: The first of them still waiting, and its timer (``fill``).
+        self._timed: asyncio.Future[None] | None = None
+        self._filler_timer: asyncio.TimerHandle | None = None
         self._waiters: deque[asyncio.Future[bool]] = deque()
         #: Each waiter's rank (its queue's place in a queue set): a lower rank is served first, FIFO within one.
         self._ranks: dict[asyncio.Future[bool], int] = {}
@@ -67,22 +70,52 @@ class Slots:
         """Until ``wanted`` slots are free (and no message waits for one), for at most ``wait_s``; then until at
         least one is. A receive on a busy queue asks for a full batch instead of the one or two slots just freed:
         fewer ReceiveMessage calls per job, and fuller DeleteMessageBatch calls after them."""
-        if (self.free < wanted or self._waiters) and wait_s > 0:
+        if (self.free < wanted or self._waiters or self._fillers) and wait_s > 0:
             # Woken by ``release`` once ``wanted`` slots are free for it (not on every release: with several
-            # receives filling, each release would wake them all), or by the timer.
-            loop = asyncio.get_running_loop()
-            filler: tuple[int, asyncio.Future[None]] = (wanted, loop.create_future())
+            # receives filling, each release would wake them all), in turn behind the receives filling before it,
+            # or by the timer. Only the first of them still waiting has a timer, started when it became the first:
+            # with a timer each, the receives queued behind it (a busy worker has many) would each give up and take
+            # the one or two slots freed meanwhile.
+            filler: tuple[int, asyncio.Future[None], float] = (
+                wanted,
+                asyncio.get_running_loop().create_future(),
+                wait_s,
+            )
             self._fillers.append(filler)
-            timer = loop.call_later(wait_s, _resolve, filler[1])
+            self._wake_fillers()
+            self._time_first_filler()
             try:
                 await filler[1]
             finally:
-                timer.cancel()
                 with contextlib.suppress(ValueError):
                     self._fillers.remove(filler)
+                if self._timed is filler[1]:  # cancelled while timed: the next one's turn
+                    self._stop_filler_timer()
+                    self._time_first_filler()
         while self.free == 0 or self._waiters:  # the wait may have ended with nothing left for this receive
             self._available.clear()
             await self._available.wait()
+
+    def _time_first_filler(self) -> None:
+        """Start the timer of the first receive still waiting to fill, unless one runs."""
+        if self._timed is not None:
+            return
+        for _, future, wait_s in self._fillers:
+            if not future.done():
+                self._timed = future
+                self._filler_timer = asyncio.get_running_loop().call_later(wait_s, self._filler_due)
+                return
+
+    def _filler_due(self) -> None:
+        timed, self._timed, self._filler_timer = self._timed, None, None
+        if timed is not None:
+            _resolve(timed)
+        self._time_first_filler()
+
+    def _stop_filler_timer(self) -> None:
+        if self._filler_timer is not None:
+            self._filler_timer.cancel()
+        self._timed, self._filler_timer = None, None
 
     def settle(self, reservation: Reservation, received: int) -> int:
         """The receive of ``reservation`` returned ``received`` messages: keep a slot for as many as it still
@@ -180,12 +213,15 @@ class Slots:
         if not self._fillers or self._waiters:
             return
         budget = self.free
-        for wanted, future in self._fillers:  # one woken before but not yet run counts too: it takes its share
+        for wanted, future, _ in self._fillers:  # one woken before but not yet run counts too: it takes its share
             if wanted > budget:
                 break
             budget -= wanted
             if not future.done():
                 future.set_result(None)
+        if self._timed is not None and self._timed.done():  # the timed one was woken: time the next
+            self._stop_filler_timer()
+            self._time_first_filler()
 
     def _wake(self) -> None:
         if self.free > 0 and not self._waiters:
