@@ -318,6 +318,39 @@ BREAKAGES: tuple[Breakage, ...] = (
         "            pass  # MUTANT\n",
         ("tests/test_receive_loops.py::test_two_receives_filling_are_woken_one_batch_at_a_time",),
     ),
+    Breakage(
+        "q2",
+        "when the first receive filling a batch gives up, the ones queued behind it give up too",
+        "worker/runtime/slots.py",
+        "            _resolve(timed)\n",
+        "            for _, future, _ in self._fillers:  # MUTANT\n                _resolve(future)\n",
+        ("tests/test_receive_loops.py::test_receives_queued_behind_the_first_filler_wait_their_own_turn",),
+    ),
+    Breakage(
+        "p1",
+        "prefetched messages start at once: more than the concurrency run",
+        "worker/runtime/starts.py",
+        "        if self.running < self.total and not self._waiting and not self.closed:\n",
+        "        if True:  # MUTANT\n",
+        ("tests/test_prefetch.py::test_prefetched_messages_are_held_but_at_most_the_concurrency_runs",),
+        within="    def offer(self, item: T) -> bool:",
+    ),
+    Breakage(
+        "p2",
+        "a job's end does not start the next prefetched message (it waits for nothing)",
+        "worker/runtime/worker.py",
+        "            if following is not None:\n",
+        "            if False:  # MUTANT\n",
+        ("tests/test_prefetch.py::test_a_prefetched_job_starts_when_one_ends_without_another_receive",),
+    ),
+    Breakage(
+        "p3",
+        "prefetched messages are kept at shutdown (not released: they reappear only after the visibility timeout)",
+        "worker/runtime/worker.py",
+        "        waiting = self._starts.close()  # prefetched, not started\n",
+        "        self._starts.close()  # MUTANT\n        waiting = []\n",
+        ("tests/test_prefetch.py::test_at_shutdown_prefetched_messages_go_back_at_once_unrun_and_uncounted",),
+    ),
 )
 
 

@@ -324,3 +324,27 @@ async def test_leftover_slots_wait_longer_for_a_batch_while_another_receive_is_i
     slots.release(10)
     _, _, reservation = await asyncio.wait_for(leftover, timeout=1)
     assert reservation.count == 10
+
+
+async def test_receives_queued_behind_the_first_filler_wait_their_own_turn() -> None:
+    """Three receives wait to fill a batch while only 3 slots are free: the first gives up after its wait, the
+    second's wait starts only then, and so on (each with its own timer from its start, a busy worker's queued
+    receives gave up together and each asked for the one or two slots freed meanwhile)."""
+    slots = Slots(30)
+    slots.reserve_now(30)
+    loop = asyncio.get_running_loop()
+    done_at: dict[int, float] = {}
+
+    async def filling(index: int) -> None:
+        await slots.fill(10, 0.05)
+        done_at[index] = loop.time()
+
+    tasks = [asyncio.create_task(filling(index)) for index in range(3)]
+    await asyncio.sleep(0)
+    started = loop.time()
+    slots.release(3)  # fewer than a batch: nobody is woken, each waits out its turn
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=2)
+    assert done_at[0] - started >= 0.045
+    assert done_at[1] - done_at[0] >= 0.045
+    assert done_at[2] - done_at[1] >= 0.045
+

@@ -93,7 +93,7 @@ def presence_companion(settings: WorkerSettings, observer: PresenceObserver) -> 
                     owner=owner,
                     queue=settings.queue,
                     concurrency=settings.concurrency,
-                    busy=observer.busy,
+                    busy=min(observer.busy, settings.concurrency),  # held beyond it: prefetched, not running
                     counts=dict(observer.counts),
                     now_s=time.time(),
                 )

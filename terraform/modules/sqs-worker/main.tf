@@ -28,6 +28,7 @@ locals {
       WORKER_MAX_RECEIVE_COUNT    = tostring(var.max_receive_count)
       WORKER_SHUTDOWN_GRACE_S     = tostring(var.shutdown_grace_s)
       WORKER_CONCURRENCY          = tostring(var.concurrency)
+      WORKER_PREFETCH             = tostring(var.prefetch)
       WORKER_PROCESSES            = tostring(max(1, floor(var.cpu / 1024))) # one event loop per whole vCPU of the task
       WORKER_METRICS_NAMESPACE    = var.metrics_namespace
       WORKER_METRICS              = "emf"

@@ -223,6 +223,17 @@ variable "concurrency" {
   default     = 10
 }
 
+variable "prefetch" {
+  description = "Messages each worker process holds beyond its concurrency, started the moment a job ends (WORKER_PREFETCH); 0: none."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = var.prefetch >= 0 && var.prefetch <= 1000 && floor(var.prefetch) == var.prefetch
+    error_message = "prefetch must be a whole number 0..1000."
+  }
+}
+
 variable "shutdown_grace_s" {
   description = "Time running jobs get to finish on SIGTERM (WORKER_SHUTDOWN_GRACE_S). The container's stopTimeout is this plus 10 s, at most ECS's 120 s."
   type        = number
