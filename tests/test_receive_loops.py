@@ -347,4 +347,3 @@ async def test_receives_queued_behind_the_first_filler_wait_their_own_turn() -> 
     assert done_at[0] - started >= 0.045
     assert done_at[1] - done_at[0] >= 0.045
     assert done_at[2] - done_at[1] >= 0.045
-
