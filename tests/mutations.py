@@ -351,6 +351,14 @@ BREAKAGES: tuple[Breakage, ...] = (
         "        self._starts.close()  # MUTANT\n        waiting = []\n",
         ("tests/test_prefetch.py::test_at_shutdown_prefetched_messages_go_back_at_once_unrun_and_uncounted",),
     ),
+    Breakage(
+        "p4",
+        "a prefetched message whose claim lapsed while it waited is started anyway (another worker may hold it)",
+        "worker/runtime/worker.py",
+        "        if held.lost:\n",
+        "        if False:  # MUTANT\n",
+        ("tests/test_prefetch.py::test_a_prefetched_message_whose_claim_lapsed_is_not_started",),
+    ),
 )
 
 

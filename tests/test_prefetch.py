@@ -13,9 +13,10 @@ from tests.support.backends import Backend
 from tests.support.harness import make_queues, running_worker, send, sqs_client
 from tests.support.queues import assert_queue_empty, queue_counts
 from tests.test_receive_loops import ScriptedQueue
+from worker.backends.batching import EntryFailed
 from worker.backends.sqs import Message
 from worker.jobs import Registry
-from worker.observability.events import Kind
+from worker.observability.events import Event, Kind, Observers
 from worker.runtime.starts import Starts
 from worker.runtime.worker import RuntimeOptions, Worker
 
@@ -227,3 +228,65 @@ async def test_at_shutdown_fifo_members_waiting_for_a_start_go_back_unrun(backen
         await again.recorder.wait_count(Kind.SUCCEEDED, 2)
     assert gated.ran == [0, 1, 2]
     assert_queue_empty(client, queues.queue_url)
+
+
+class RefusesExtensions(ThreeThenStall):
+    """Every visibility change fails as SQS fails it for a claim that lapsed (ReceiptHandleIsInvalid)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.extended: list[str] = []
+
+    async def _visibility_batch(self, items: list[tuple[str, int]]) -> dict[int, EntryFailed]:
+        self.extended.extend(handle for handle, _ in items)
+        return {index: EntryFailed("ReceiptHandleIsInvalid", "lapsed") for index in range(len(items))}
+
+
+async def test_a_prefetched_message_whose_claim_lapsed_is_not_started() -> None:
+    """Concurrency 1, prefetch 2, a 1 s visibility timeout the heartbeat cannot extend: the waiting messages' claims
+    are lost while job 0 runs, so they are not started when it ends (another worker may hold them now)."""
+    queue = RefusesExtensions("jobs")
+    registry = Registry()
+    started: list[int] = []
+    release = asyncio.Event()
+    lost: list[str] = []
+    both_lost, nothing_held = asyncio.Event(), asyncio.Event()
+
+    @registry.job("hold")
+    async def run(payload: dict[str, int]) -> None:
+        started.append(payload["n"])
+        if payload["n"] == 0:
+            await release.wait()
+
+    class Lost:
+        def emit(self, event: Event) -> None:
+            if event.kind is Kind.CLAIM_LOST:
+                lost.append(event.message_id)
+                if {"id-1", "id-2"} <= set(lost):
+                    both_lost.set()
+
+        def gauge(self, *, in_flight: int, **_: Any) -> None:
+            if release.is_set() and in_flight == 0:  # the heartbeat's gauge, once a second
+                nothing_held.set()
+
+        def connectivity(self, **_: Any) -> None:
+            return None
+
+    worker = Worker(
+        registry=registry,
+        queue=queue,
+        dlq=ScriptedQueue("dlq"),
+        options=RuntimeOptions(concurrency=1, prefetch=2, visibility_timeout_s=1, shutdown_grace_s=5, poll_wait_s=20),
+        observers=Observers([Lost()]),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await asyncio.wait_for(both_lost.wait(), timeout=10)
+        release.set()
+        await asyncio.wait_for(nothing_held.wait(), timeout=5)  # job 0 ended; the lost two were let go, not run
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    assert started == [0]
+    assert queue.deleted == ["handle-0"]

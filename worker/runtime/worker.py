@@ -350,6 +350,13 @@ class Worker:
         task.add_done_callback(self._jobs.discard)
 
     async def _run_one(self, held: Held) -> bool:
+        if held.lost:
+            # Its claim lapsed while it waited to start (prefetched, or behind its FIFO group): SQS may have given
+            # it to another worker already. Not run here; it reappears (or runs there). False: a FIFO group's
+            # later messages must not overtake it.
+            log.warning("claim lost before the job started; not run here", extra=held.log_fields(self.queue.name))
+            self._forget(held)
+            return False
         try:
             return await self._process(held)
         except asyncio.CancelledError:
