@@ -333,14 +333,14 @@ BREAKAGES: tuple[Breakage, ...] = (
         "        if self.running < self.total and not self._waiting and not self.closed:\n",
         "        if True:  # MUTANT\n",
         ("tests/test_prefetch.py::test_prefetched_messages_are_held_but_at_most_the_concurrency_runs",),
-        within="    def offer(self, item: T) -> bool:",
+        within="    def offer(self, item: T) -> None:",
     ),
     Breakage(
         "p2",
         "a job's end does not start the next prefetched message (it waits for nothing)",
-        "worker/runtime/worker.py",
-        "            if following is not None:\n",
-        "            if False:  # MUTANT\n",
+        "worker/runtime/starts.py",
+        "            self._start(turn)\n",
+        "            pass  # MUTANT\n",
         ("tests/test_prefetch.py::test_a_prefetched_job_starts_when_one_ends_without_another_receive",),
     ),
     Breakage(

@@ -162,18 +162,22 @@ async def test_a_prefetched_job_starts_when_one_ends_without_another_receive() -
 
 async def test_a_fifo_group_member_waits_its_turn_with_prefetched_messages() -> None:
     """Starts hands a freed start to offered items and waiting tasks alike, in the order they came."""
-    starts: Starts[str] = Starts(1)
-    assert starts.offer("a")
-    assert not starts.offer("b")
+    started: list[str] = []
+    starts: Starts[str] = Starts(1, started.append)
+    starts.offer("a")
+    starts.offer("b")
+    assert started == ["a"]
     waiter = asyncio.ensure_future(starts.wait())
     await asyncio.sleep(0)  # the task waits behind b
-    assert not starts.offer("c")
-    assert starts.end() == "b"  # a's start goes to b
-    assert starts.end() is None  # b's start goes to the waiting task
+    starts.offer("c")
+    starts.end()  # a's start goes to b
+    assert started == ["a", "b"]
+    starts.end()  # b's start goes to the waiting task
     assert await asyncio.wait_for(waiter, timeout=1)
-    assert starts.running == 1
+    assert started == ["a", "b"] and starts.running == 1
     assert starts.close() == ["c"]
-    assert starts.end() is None and starts.running == 0
+    starts.end()
+    assert started == ["a", "b"] and starts.running == 0
     assert not await starts.wait()
 
 

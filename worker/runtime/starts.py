@@ -7,31 +7,33 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 
 class Starts(Generic[T]):
-    """A counter of running jobs with a queue of what waits to start: items (``offer``: the caller starts what it
-    is handed) or tasks that wait in place (``wait``: a FIFO group's next message)."""
+    """A counter of running jobs with a queue of what waits to start: items (``offer``; ``start`` is called with
+    each when its turn comes) or tasks that wait in place (``wait``: a FIFO group's next message)."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, start: Callable[[T], None]) -> None:
         if total < 1:
             raise ValueError("total must be >= 1")
         self.total = total
+        self._start = start
         self.running = 0
         self.closed = False
         self._waiting: deque[T | asyncio.Future[bool]] = deque()
 
-    def offer(self, item: T) -> bool:
-        """True: ``item`` may start now (it holds a start until ``end``); False: it waits its turn, and ``end``
-        hands it over later (or ``close`` gives it back)."""
+    def offer(self, item: T) -> None:
+        """Start ``item`` now if a start is free (it holds that start until its ``end``), else when its turn comes
+        (or ``close`` gives it back)."""
         if self.running < self.total and not self._waiting and not self.closed:
             self.running += 1
-            return True
+            self._start(item)
+            return
         self._waiting.append(item)
-        return False
 
     async def wait(self) -> bool:
         """Wait for a start in turn with the offered items: True once held, False when closed first."""
@@ -51,19 +53,19 @@ class Starts(Generic[T]):
                 self._waiting.remove(turn)
             raise
 
-    def end(self) -> T | None:
-        """A job ended: its start goes to the next waiting, if any. Returns an offered item that now holds it
-        (the caller starts it); None when a waiting task took it, or none waits."""
+    def end(self) -> None:
+        """A job ended: its start goes to the next waiting, if any (an offered item is started, a waiting task
+        woken)."""
         while self._waiting and not self.closed:
             turn = self._waiting.popleft()
             if isinstance(turn, asyncio.Future):
                 if turn.done():  # cancelled while waiting
                     continue
                 turn.set_result(True)
-                return None
-            return turn
+                return
+            self._start(turn)
+            return
         self.running -= 1
-        return None
 
     def close(self) -> list[T]:
         """Stop starting (shutdown): the offered items still waiting, for the caller to release; waiting tasks are

@@ -131,7 +131,7 @@ class Worker:
         #: Messages held (claimed): ``concurrency`` plus the prefetch; ``_starts``: jobs running, at most
         #: ``concurrency``, and the held messages waiting to start.
         self._slots = Slots(options.concurrency + options.prefetch)
-        self._starts: Starts[Held] = Starts(options.concurrency)
+        self._starts: Starts[Held] = Starts(options.concurrency, self._start)
         self._receivers = Receivers(
             routes,
             mode=mode,
@@ -332,9 +332,7 @@ class Worker:
         self._emit(Kind.RECEIVED, held)
         group_id = message.group_id if route.queue.is_fifo else None
         if group_id is None:
-            if self._starts.offer(held):
-                held.started = True
-                self._spawn(self._run_one(held))
+            self._starts.offer(held)
             return
         group = (route.queue.name, group_id)
         waiting = self._groups.get(group)
@@ -343,6 +341,11 @@ class Worker:
             return
         self._groups[group] = deque([held])
         self._spawn(self._run_group(group))
+
+    def _start(self, held: Held) -> None:
+        """Run a held message (not of a FIFO group) now: its turn came (``Starts``)."""
+        held.started = True
+        self._spawn(self._run_one(held))
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)
@@ -424,10 +427,7 @@ class Worker:
             self._slots.release(1)
         if held.started:
             held.started = False
-            following = self._starts.end()
-            if following is not None:
-                following.started = True
-                self._spawn(self._run_one(following))
+            self._starts.end()
 
     # ----------------------------------------------------------------------------------------------- one job
 
