@@ -650,7 +650,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--concurrency", default="20", help="one or more, comma-separated (sqs-worker and Celery run at each)"
     )
-    parser.add_argument("--sides", default="raw-1,raw-4,sqs-worker,celery-threads,celery-prefork")
+    parser.add_argument(
+        "--sides",
+        default="raw-1,raw-4,sqs-worker,celery-threads,celery-prefork",
+        help="comma-separated, of: " + ", ".join(SIDES),
+    )
     parser.add_argument("--repeats", type=int, default=1, help="run every side this many times (shows the spread)")
     parser.add_argument(
         "--pin-cpus", default="", help="CPUs each worker process may use, e.g. 1 or 0,1 (default: any CPU)"

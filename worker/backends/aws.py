@@ -316,7 +316,7 @@ def client_config(settings: WorkerSettings, *, validate: bool = True) -> AioConf
         **_options(
             read_timeout_s=settings.poll_wait_s + READ_TIMEOUT_MARGIN_S,
             attempts=WORKER_BOTOCORE_ATTEMPTS,
-            pool=receive_loops(settings.concurrency + settings.prefetch) + 16,
+            pool=receive_loops(settings.concurrency) + 16,
         ),
     )
 

@@ -186,7 +186,10 @@ class Worker:
             await self._consume(stop)
 
     async def _consume(self, stop: asyncio.Event) -> None:
-        loops = receive_loops(self._slots.total) + len(self.routes) - 1  # one more per long poll of the set
+        # By the concurrency, not the prefetch: an idle worker keeps as many long polls open with a prefetch as without
+        # (each costs requests, and one still open at exit can take messages for a visibility timeout); a loop asks
+        # for up to 10 messages per receive, so these keep the prefetched slots filled too.
+        loops = receive_loops(self.options.concurrency) + len(self.routes) - 1  # one more per long poll of the set
         receivers = [asyncio.create_task(self._receive_loop(stop), name=f"receive-{i}") for i in range(loops)]
         heartbeat = asyncio.create_task(self.heartbeat.run(), name="heartbeat")
         names = ", ".join(route.queue.name for route in self.routes)
