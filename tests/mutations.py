@@ -330,10 +330,9 @@ BREAKAGES: tuple[Breakage, ...] = (
         "p1",
         "prefetched messages start at once: more than the concurrency run",
         "worker/runtime/starts.py",
-        "        if self.running < self.total and not self._waiting and not self.closed:\n",
-        "        if True:  # MUTANT\n",
+        "        if self._take():\n            self._start(item)\n",
+        "        if True:  # MUTANT\n            self.running += 1\n            self._start(item)\n",
         ("tests/test_prefetch.py::test_prefetched_messages_are_held_but_at_most_the_concurrency_runs",),
-        within="    def offer(self, item: T) -> None:",
     ),
     Breakage(
         "p2",

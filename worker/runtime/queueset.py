@@ -43,7 +43,6 @@ class Receivers:
         self.fill_wait_in_flight_s = fill_wait_s if fill_wait_in_flight_s is None else fill_wait_in_flight_s
         self._busy = False
         self.policy = Priorities([route.weight for route in self.routes], mode=mode)
-        self.hedge_after_s = hedge_after_s
         self.answer_times = AnswerTimes(floor_s=hedge_after_s)
         self.slots = slots
         self._changed = asyncio.Event()

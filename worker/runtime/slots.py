@@ -90,8 +90,7 @@ class Slots:
                 with contextlib.suppress(ValueError):
                     self._fillers.remove(filler)
                 if self._timed is filler[1]:  # cancelled while timed: the next one's turn
-                    self._stop_filler_timer()
-                    self._time_first_filler()
+                    self._time_next_filler()
         while self.free == 0 or self._waiters:  # the wait may have ended with nothing left for this receive
             self._available.clear()
             await self._available.wait()
@@ -112,10 +111,12 @@ class Slots:
             _resolve(timed)
         self._time_first_filler()
 
-    def _stop_filler_timer(self) -> None:
+    def _time_next_filler(self) -> None:
+        """The timed receive is no longer waiting: stop its timer and start the next one's."""
         if self._filler_timer is not None:
             self._filler_timer.cancel()
         self._timed, self._filler_timer = None, None
+        self._time_first_filler()
 
     def settle(self, reservation: Reservation, received: int) -> int:
         """The receive of ``reservation`` returned ``received`` messages: keep a slot for as many as it still
@@ -220,8 +221,7 @@ class Slots:
             if not future.done():
                 future.set_result(None)
         if self._timed is not None and self._timed.done():  # the timed one was woken: time the next
-            self._stop_filler_timer()
-            self._time_first_filler()
+            self._time_next_filler()
 
     def _wake(self) -> None:
         if self.free > 0 and not self._waiters:

@@ -29,16 +29,14 @@ class Starts(Generic[T]):
     def offer(self, item: T) -> None:
         """Start ``item`` now if a start is free (it holds that start until its ``end``), else when its turn comes
         (or ``close`` gives it back)."""
-        if self.running < self.total and not self._waiting and not self.closed:
-            self.running += 1
+        if self._take():
             self._start(item)
             return
         self._waiting.append(item)
 
     async def wait(self) -> bool:
         """Wait for a start in turn with the offered items: True once held, False when closed first."""
-        if self.running < self.total and not self._waiting and not self.closed:
-            self.running += 1
+        if self._take():
             return True
         if self.closed:
             return False
@@ -52,6 +50,13 @@ class Starts(Generic[T]):
             elif turn in self._waiting:
                 self._waiting.remove(turn)
             raise
+
+    def _take(self) -> bool:
+        """Take a start without waiting: one is free and nothing waits ahead."""
+        if self.running < self.total and not self._waiting and not self.closed:
+            self.running += 1
+            return True
+        return False
 
     def end(self) -> None:
         """A job ended: its start goes to the next waiting, if any (an offered item is started, a waiting task
@@ -80,7 +85,3 @@ class Starts(Generic[T]):
             else:
                 items.append(turn)
         return items
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiting)

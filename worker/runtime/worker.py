@@ -412,16 +412,14 @@ class Worker:
     async def _start_in_group(self, held: Held) -> bool:
         """Wait for a start for a FIFO group's next message, in turn with other held messages; at shutdown it is
         released unrun (False)."""
+        started = False
         try:
             started = await self._starts.wait()
-        except asyncio.CancelledError:
-            await self._release_all([held], reason="shutdown", delay_s=self._release_delay_s())
-            raise
-        if not started:
-            await self._release_all([held], reason="shutdown", delay_s=self._release_delay_s())
-            return False
-        held.started = True
-        return True
+        finally:  # closed, or cancelled while waiting
+            if not started:
+                await self._release_all([held], reason="shutdown", delay_s=self._release_delay_s())
+        held.started = started
+        return started
 
     def _forget(self, held: Held) -> None:
         """The job's outcome began (or it was released): its slot is free, and its start goes to the next message
