@@ -281,6 +281,11 @@ class Registry:
     def specs(self) -> list[JobSpec]:
         return [self._jobs[name] for name in self.names()]
 
+    def max_receive_count(self) -> int:
+        """The redrive policy's maxReceiveCount for a queue of these jobs: a little above the largest
+        ``max_attempts`` (5 when none is registered), so the worker dead-letters first, with the reason."""
+        return max((spec.max_attempts for spec in self._jobs.values()), default=5) + 2
+
     def __len__(self) -> int:
         return len(self._jobs)
 

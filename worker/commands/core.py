@@ -122,7 +122,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         print("\n".join(asyncio.run(bootstrap_tables(region))) or "no tables configured")
         return 0
     import_handlers(settings.handlers)
-    max_receive_count = args.max_receive_count or settings.max_receive_count or default_max_receive_count()
+    max_receive_count = args.max_receive_count or settings.max_receive_count or default_registry.max_receive_count()
     largest = max((spec.max_attempts for spec in default_registry.specs()), default=0)
     if max_receive_count <= largest:
         print(
@@ -167,14 +167,6 @@ def receive_count(text: str) -> int:
     if not 1 <= value <= 1000:
         raise argparse.ArgumentTypeError("must be between 1 and 1000")
     return value
-
-
-def default_max_receive_count() -> int:
-    """A little above the largest max_attempts of the registered jobs, so the worker dead-letters first."""
-    from worker.jobs import default_registry
-
-    attempts = [spec.max_attempts for spec in default_registry.specs()] or [5]
-    return max(attempts) + 2
 
 
 async def ensure_table(region: str, name: str) -> bool:

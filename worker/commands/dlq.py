@@ -10,7 +10,6 @@ their ApproximateReceiveCount. A message leaves the DLQ only after its copy was 
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import sys
 from typing import Any
@@ -28,6 +27,7 @@ from worker.ops.dlq import (
     now_utc,
     redrive,
     requeue,
+    requeued_by,
     resolve_dlq_url,
 )
 from worker.ops.dlq_records import format_groups, group_dead_letters, printable, printable_json
@@ -226,15 +226,6 @@ def _redrive(dlq: DeadLetterQueue, args: argparse.Namespace) -> int:
     return _report(result, f"redrive to {target}")
 
 
-def _who(explicit: str | None) -> str:
-    if explicit:
-        return explicit
-    try:
-        return getpass.getuser()  # LOGNAME, USER, LNAME, USERNAME, then the password database
-    except (KeyError, OSError):
-        return "unknown"
-
-
 def run_requeue(args: argparse.Namespace) -> int:
     if bool(args.ids) == bool(args.category):
         print("give message ids or --category, not both and not neither", file=sys.stderr)
@@ -256,7 +247,7 @@ def run_requeue(args: argparse.Namespace) -> int:
             if not chosen and len(dlqs) > 1:
                 continue  # several DLQs: report only those it requeued from
             chosen_any = chosen_any or bool(chosen)
-            result = requeue(dlq, chosen, by=_who(args.by), reason=args.reason.strip(), at=now_utc())
+            result = requeue(dlq, chosen, by=requeued_by(args.by), reason=args.reason.strip(), at=now_utc())
         for old_id, new_id in result.new_message_ids:
             print(f"requeued {old_id} as {new_id}")
         codes.append(_report(result, f"requeue to {queue_name_of(dlq.source_url)}"))

@@ -63,7 +63,6 @@ def run_dev(*, port: int = 0, demo: bool = True) -> int:
 
 async def _dev(settings: WorkerSettings, *, demo: bool) -> int:
     from worker.backends.aws import sync_client
-    from worker.commands.core import default_max_receive_count
     from worker.jobs import default_registry, import_handlers
     from worker.observability.logs import configure_logging
     from worker.ops.bootstrap import ensure_queues
@@ -75,7 +74,7 @@ async def _dev(settings: WorkerSettings, *, demo: bool) -> int:
     import_handlers(["worker.examples", *(RECIPE_MODULES if receivers else []), *settings.handlers])
     connection = settings.aws()
     client = sync_client("sqs", connection=connection.client_kwargs())
-    created = ensure_queues(client, settings.queue, max_receive_count=default_max_receive_count())
+    created = ensure_queues(client, settings.queue, max_receive_count=default_registry.max_receive_count())
     if settings.idempotency_table:
         await _ensure_table(connection, settings.idempotency_table)
     companions: list[Companion] = []

@@ -19,12 +19,9 @@ import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from worker.observability.events import Kind
-
-if TYPE_CHECKING:
-    from worker.runtime.held import Held
+from worker.observability.events import Event, Kind
 
 #: The W3C Trace Context fields, carried as String message attributes of the same names.
 TRACE_FIELDS = ("traceparent", "tracestate")
@@ -112,8 +109,27 @@ def _carrier(message_attributes: dict[str, Any]) -> dict[str, str]:
     return carrier
 
 
+class _Received(Protocol):
+    @property
+    def message_id(self) -> str: ...
+    @property
+    def message_attributes(self) -> dict[str, Any]: ...
+
+
+class Attempt(Protocol):
+    """What a span reads of one attempt (``worker.runtime.held.Held``): its message, its number, and once it ended,
+    the event that says how."""
+
+    @property
+    def message(self) -> _Received: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def last_event(self) -> Event | None: ...
+
+
 @contextlib.contextmanager
-def attempt_span(held: Held, *, job_type: str, queue: str) -> Iterator[None]:
+def attempt_span(held: Attempt, *, job_type: str, queue: str) -> Iterator[None]:
     """One attempt of ``held`` in a span, current inside the block; ended with the attempt's outcome, read from
     ``held.last_event`` when the block exits. No span while no tracer provider is set: it would record nothing,
     and making it costs about a tenth of a no-op job's CPU."""

@@ -19,6 +19,7 @@ progress text in ``worker.ops.progress``.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import logging
 import time
@@ -528,3 +529,13 @@ def redrive(
 
 def now_utc() -> datetime:
     return datetime.now(UTC)
+
+
+def requeued_by(explicit: str | None) -> str:
+    """Who a requeue is recorded as: ``--by``, else the login name, else "unknown"."""
+    if explicit:
+        return explicit
+    try:
+        return getpass.getuser()  # LOGNAME, USER, LNAME, USERNAME, then the password database
+    except (KeyError, OSError):
+        return "unknown"

@@ -23,7 +23,7 @@ from worker.backends.cloudtasks.deadletters import DeadLetterStore, StoredDeadLe
 from worker.backends.cloudtasks.producer import build_task, create_task, tasks_client
 from worker.backends.cloudtasks.settings import CloudTasksSettings, load_cloudtasks_settings
 from worker.errors import ConfigError, QueueUnavailable
-from worker.ops.dlq import MoveResult, now_utc
+from worker.ops.dlq import MoveResult, now_utc, requeued_by
 from worker.ops.dlq_records import DeadLetter, format_groups, group_dead_letters, printable, printable_json
 from worker.settings import load_settings
 
@@ -171,8 +171,6 @@ async def _redrive(args: argparse.Namespace) -> int:
 
 
 async def _requeue(args: argparse.Namespace) -> int:
-    from worker.commands.dlq import _who
-
     if bool(args.ids) == bool(args.category):
         print("give task names or --category, not both and not neither", file=sys.stderr)
         return 2
@@ -187,7 +185,11 @@ async def _requeue(args: argparse.Namespace) -> int:
             found = {ident: await store.get(ident) for ident in dict.fromkeys(args.ids)}
             chosen = [record for record in found.values() if record is not None]
             missing = [ident for ident, record in found.items() if record is None]
-        audit = {"requeued_by": _who(args.by), "requeued_at": _iso(now_utc()), "requeue_reason": args.reason.strip()}
+        audit = {
+            "requeued_by": requeued_by(args.by),
+            "requeued_at": _iso(now_utc()),
+            "requeue_reason": args.reason.strip(),
+        }
         result = await _move(store, cloudtasks, queue, chosen, method="requeue", audit=audit)
     for old, new in result.new_message_ids:
         print(f"requeued {old} as {new}")
