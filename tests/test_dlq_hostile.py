@@ -41,6 +41,9 @@ def test_hostile_bodies_are_not_envelopes_and_print_safely() -> None:
     assert "\x1b" not in table and "\x9b" not in table
     assert "x\\x1b[2J\\x9by" in table
     assert dlq_records.printable("a\udfff\x00b") == "a\\udfff\\x00b"
+    assert dlq_records.printable("evil\u202e\u2066x") == "evil\\u202e\\u2066x"  # bidi controls cannot reorder the line
+    assert json.loads(dlq_records.printable_json({"t": "a\u202eb"})) == {"t": "a\u202eb"}
+    assert "\u202e" not in dlq_records.printable_json({"t": "a\u202eb"})
     text = dlq_records.printable_json({"body": "é\udfff\x9b\x07"})
     text.encode("utf-8")  # no lone surrogate left
     assert "é" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from tests.support.queues import assert_queue_empty, queue_counts
 from tests.test_receive_loops import ScriptedQueue
 from worker.backends.batching import EntryFailed
 from worker.backends.sqs import Message
+from worker.errors import QueueUnavailable
 from worker.jobs import Registry
 from worker.observability.events import Event, Kind, Observers
 from worker.ops.bootstrap import Created
@@ -290,4 +292,85 @@ async def test_a_prefetched_message_whose_claim_lapsed_is_not_started() -> None:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
     assert started == [0]
+    assert queue.deleted == ["handle-0"]
+
+
+class SqsUnreachable(ThreeThenStall):
+    """Every visibility change fails as when SQS cannot be reached: the heartbeat cannot extend a claim."""
+
+    async def _visibility_batch(self, items: list[tuple[str, int]]) -> dict[int, EntryFailed]:
+        raise QueueUnavailable("ChangeMessageVisibilityBatch: could not connect to the endpoint")
+
+
+class StoppedClock:
+    """A monotonic clock that moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return time.time()
+
+
+async def test_a_prefetched_message_whose_claim_ran_out_unextended_is_not_started() -> None:
+    """Concurrency 1, prefetch 2, SQS unreachable for the heartbeat: no visibility change says the claims are lost,
+    but their visibility timeout runs out while job 0 runs (the clock jumps past it), so SQS may hand them to another
+    worker. When job 0 ends they are not started: a claim_lost event each, and no delete."""
+    queue = SqsUnreachable("jobs")
+    clock = StoppedClock()
+    registry = Registry()
+    started: list[int] = []
+    running, release = asyncio.Event(), asyncio.Event()
+    received: set[str] = set()
+    lost: dict[str, str] = {}
+    both_received, both_lost = asyncio.Event(), asyncio.Event()
+
+    @registry.job("hold")
+    async def run(payload: dict[str, int]) -> None:
+        started.append(payload["n"])
+        running.set()
+        if payload["n"] == 0:
+            await release.wait()
+
+    class Watch:
+        def emit(self, event: Event) -> None:
+            if event.kind is Kind.RECEIVED:
+                received.add(event.message_id)
+                if {"id-1", "id-2"} <= received:
+                    both_received.set()
+            if event.kind is Kind.CLAIM_LOST:
+                lost[event.message_id] = event.reason or ""
+                if {"id-1", "id-2"} <= set(lost):
+                    both_lost.set()
+
+        def gauge(self, **_: Any) -> None:
+            return None
+
+        def connectivity(self, **_: Any) -> None:
+            return None
+
+    worker = Worker(
+        registry=registry,
+        queue=queue,
+        dlq=ScriptedQueue("dlq"),
+        options=RuntimeOptions(concurrency=1, prefetch=2, visibility_timeout_s=30, shutdown_grace_s=5, poll_wait_s=20),
+        observers=Observers([Watch()]),
+        clock=clock,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await asyncio.wait_for(asyncio.gather(running.wait(), both_received.wait()), timeout=10)
+        clock.now += 31  # past the 30 s claims of the two prefetched messages
+        release.set()
+        await asyncio.wait_for(both_lost.wait(), timeout=10)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    assert started == [0]
+    assert set(lost) == {"id-1", "id-2"}
+    assert all("ran out while it waited to start" in reason for reason in lost.values())
     assert queue.deleted == ["handle-0"]

@@ -5,19 +5,14 @@ its title (a 256-character job type must not stretch the page)."""
 
 from __future__ import annotations
 
-import re
-
 from markupsafe import Markup, escape
 
-from worker.ops.dlq_records import printable
-
-#: Characters that reorder text: ALM, LRM, RLM, the embeddings and overrides, the isolates.
-_BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+from worker.ops.dlq_records import escape_bidi, printable
 
 
 def visible(value: object) -> str:
     """``value`` as text with control and bidi formatting characters escaped (``\\x1b``, ``\\u202e``)."""
-    return _BIDI_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", printable(str(value)))
+    return printable(str(value))
 
 
 def shown(value: object, clip: int | None = None) -> Markup:
@@ -32,4 +27,4 @@ def shown(value: object, clip: int | None = None) -> Markup:
 def shown_block(text: str) -> Markup:
     """The Jinja filter ``shown_block``, for multi-line text the page already made printable (a body, a result):
     line breaks kept, bidi formatting characters escaped, isolated."""
-    return Markup("<bdi>{}</bdi>").format(_BIDI_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
+    return Markup("<bdi>{}</bdi>").format(escape_bidi(text))

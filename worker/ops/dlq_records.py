@@ -150,11 +150,14 @@ def group_dead_letters(letters: Iterable[DeadLetter]) -> list[Group]:
     return sorted(groups.values(), key=lambda g: (-g.count, g.category, g.error_message))
 
 
-#: What a terminal must not receive raw: C0 and C1 control characters (escape sequences) and lone surrogates
-#: (not encodable as UTF-8).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+#: Characters that reorder text: ALM, LRM, RLM, the embeddings and overrides, the isolates ("evil" shown as "live").
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+#: What a terminal must not receive raw: C0 and C1 control characters (escape sequences), lone surrogates (not
+#: encodable as UTF-8) and bidi formatting characters.
+_UNPRINTABLE = re.compile(f"[\x00-\x1f\x7f-\x9f\ud800-\udfff{BIDI_CONTROLS}]")
 #: Inside JSON text json.dumps(ensure_ascii=False) already escapes C0 controls; these it leaves raw.
-_UNPRINTABLE_IN_JSON = re.compile("[\x7f-\x9f\ud800-\udfff]")
+_UNPRINTABLE_IN_JSON = re.compile(f"[\x7f-\x9f\ud800-\udfff{BIDI_CONTROLS}]")
+_BIDI = re.compile(f"[{BIDI_CONTROLS}]")
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -163,8 +166,14 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def printable(text: str) -> str:
-    """``text`` with control characters and lone surrogates escaped (``\\x1b``, ``\\udfff``): safe to print."""
+    """``text`` with control characters, lone surrogates and bidi formatting characters escaped (``\\x1b``,
+    ``\\udfff``, ``\\u202e``): safe to print."""
     return _UNPRINTABLE.sub(_escape, text)
+
+
+def escape_bidi(text: str) -> str:
+    """``text`` with only its bidi formatting characters escaped (``\\u202e``), line breaks and all else kept."""
+    return _BIDI.sub(_escape, text)
 
 
 def printable_json(value: Any) -> str:

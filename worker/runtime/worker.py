@@ -65,6 +65,10 @@ log = logging.getLogger("worker")
 LEDGER_RETRY_S = 10
 #: How long a message waits before another try after an internal error of the worker.
 INTERNAL_ERROR_RETRY_S = 30
+#: A held message is not started with less of its claim left than this (a tenth of a shorter visibility timeout):
+#: SQS may hand it to another worker before a heartbeat could extend it. Healthy claims keep more: heartbeats extend
+#: them with half the timeout left.
+START_MARGIN_S = 1.0
 #: A receive still unanswered after this gives its slots back to the other receive loops (see _receive_loop).
 HEDGE_AFTER_S = 0.05
 #: While the queue is busy, how long a receive loop waits for a full batch of free slots (see Slots.fill).
@@ -356,6 +360,12 @@ class Worker:
         task.add_done_callback(self._jobs.discard)
 
     async def _run_one(self, held: Held) -> bool:
+        if not held.lost and held.claim_lapsed(
+            self.clock.monotonic(), margin_s=min(START_MARGIN_S, self.options.visibility_timeout_s * 0.1)
+        ):
+            # Prefetched, or behind its FIFO group, while SQS could not be reached to extend its claim.
+            held.lost = True
+            self._emit(Kind.CLAIM_LOST, held, reason="its visibility timeout ran out while it waited to start")
         if held.lost:
             # Its claim lapsed while it waited to start (prefetched, or behind its FIFO group): SQS may have given
             # it to another worker already. Not run here; it reappears (or runs there). False: a FIFO group's
