@@ -81,7 +81,15 @@ async def test_bad_input_is_dead_lettered_with_its_category(backend: Backend) ->
     calls: list[Any] = []
     async with running_worker(backend.endpoint_url, queues, registry_with(calls)) as running:
         ids = {send(backend.endpoint_url, queues.queue_url, body): (body, category) for body, category in BAD_INPUTS}
-        await running.recorder.wait_count(Kind.DEAD_LETTERED, len(BAD_INPUTS))
+        dead = await running.recorder.wait_count(Kind.DEAD_LETTERED, len(BAD_INPUTS))
+        # Metrics and logs name the job type where a registered one is known, never a producer's unregistered name.
+        assert {(event.category, event.job_type) for event in dead} == {
+            ("invalid_message", None),
+            ("unknown_type", None),
+            ("invalid_payload", "send_email"),
+            ("permanent", "refuse"),
+            ("bug", "buggy"),
+        }
         # The worker keeps running: a good job after the bad ones still succeeds.
         send(backend.endpoint_url, queues.queue_url, {"type": "echo", "payload": {"after": True}})
         await running.recorder.wait_count(Kind.SUCCEEDED, 1)

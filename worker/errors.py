@@ -34,12 +34,14 @@ class LedgerUnavailable(WorkerError):
 class InvalidMessage(WorkerError):
     """A message body that is not a valid envelope.
 
-    ``category`` is the dead-letter category: ``invalid_message``, ``unknown_type`` or ``invalid_payload``.
+    ``category`` is the dead-letter category: ``invalid_message``, ``unknown_type`` or ``invalid_payload``;
+    ``job_type`` the registered job type whose payload was refused (None when no registered type is known).
     """
 
-    def __init__(self, category: str, message: str) -> None:
+    def __init__(self, category: str, message: str, *, job_type: str | None = None) -> None:
         super().__init__(message)
         self.category = category
+        self.job_type = job_type
 
 
 class JobError(WorkerError):

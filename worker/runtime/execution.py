@@ -43,7 +43,8 @@ def prepare(body: str, registry: Registry) -> PreparedJob:
         try:
             payload = spec.payload_model.model_validate(envelope.payload)
         except ValidationError as exc:
-            raise InvalidMessage(INVALID_PAYLOAD, f"payload for {spec.name!r} " + describe_errors(exc)) from None
+            error = f"payload for {spec.name!r} " + describe_errors(exc)
+            raise InvalidMessage(INVALID_PAYLOAD, error, job_type=spec.name) from None
     return PreparedJob(envelope=envelope, spec=spec, payload=payload)
 
 

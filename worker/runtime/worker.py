@@ -454,6 +454,7 @@ class Worker:
         try:
             job = prepare(message.body, self.registry)
         except InvalidMessage as exc:
+            held.job_type = exc.job_type  # a registered type's refused payload; never a producer's unregistered name
             if not await self._steps.refused(held, exc):
                 await self._finish(held, self._workflow_retry(held))
                 return False
