@@ -29,6 +29,7 @@ from worker.ops.bootstrap import Created
 from worker.producer import Job
 from worker.workflows import WorkflowHooks, WorkflowStore, chain, group, item_key, read_status
 from worker.workflows.model import callback_input, inline_limit_bytes, pack_result
+from worker.workflows.status import load_status
 
 
 @dataclass
@@ -73,9 +74,10 @@ class Env:
         return [value for run, value in self.runs if run == name]
 
     async def status(self, workflow_id: str) -> dict[str, Any]:
-        item = await WorkflowStore(self.dynamodb, self.table).get(workflow_id)
-        assert item is not None
-        return read_status(item, final=None).to_json()
+        """As ``sqs-worker status`` reads it: the workflow's item and the ledger record of the job that ends it."""
+        status = await load_status(self.dynamodb, self.table, workflow_id)
+        assert status is not None
+        return status.to_json()
 
 
 @pytest_asyncio.fixture(loop_scope="function")
@@ -231,13 +233,24 @@ async def test_dead_letter_policy_sends_the_callback_to_the_dlq(env: Env) -> Non
     ) as running:
         await running.recorder.wait_count(Kind.DEAD_LETTERED, 1)
         dead = drain(env.backend.endpoint_url, env.queues.dlq_url, expect=2)
-    assert env.of("collect") == []
-    bodies = {json.loads(m["Body"])["type"]: m for m in dead}
-    assert set(bodies) == {"square", "collect"}
-    attributes = bodies["collect"]["MessageAttributes"]
-    assert attributes["workflow_id"]["StringValue"] == workflow_id
-    assert attributes["error_message"]["StringValue"].startswith(f"group {workflow_id}: 1 of 2 members failed")
-    assert (await env.status(workflow_id))["state"] == "dead_lettered"
+        assert env.of("collect") == []
+        bodies = {json.loads(m["Body"])["type"]: m for m in dead}
+        assert set(bodies) == {"square", "collect"}
+        attributes = bodies["collect"]["MessageAttributes"]
+        assert attributes["workflow_id"]["StringValue"] == workflow_id
+        assert attributes["error_message"]["StringValue"].startswith(f"group {workflow_id}: 1 of 2 members failed")
+        # The callback's send to the DLQ is marked right after it (no event says when): a bounded look.
+        deadline = asyncio.get_running_loop().time() + 10
+        while (state := (await env.status(workflow_id))["state"]) != "dead_lettered":
+            assert asyncio.get_running_loop().time() < deadline, f"state stayed {state!r}"
+            await asyncio.sleep(0.05)
+        # Requeued once the cause is fixed (its body as it was, as `dlq requeue` sends it; to this worker: a new
+        # one could lose it to the abandoned long poll of the one before): the callback runs, the group follows it.
+        send(env.backend.endpoint_url, env.queues.queue_url, bodies["collect"]["Body"])
+        await env.wait_runs("collect", 1)
+        await running.recorder.wait_count(Kind.SUCCEEDED, 2)  # the member that succeeded, then the callback
+    status = await env.status(workflow_id)
+    assert (status["state"], status["result"]) == ("succeeded", {"label": None, "count": 2})
 
 
 class CrashingQueue(Queue):

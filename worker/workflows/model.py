@@ -181,10 +181,13 @@ def read_status(item: dict[str, Any], *, final: dict[str, Any] | None) -> Workfl
     result = None
     if done >= total:
         state = "waiting for callback"
-        if item.get("on_failure") == "dead_letter" and inputs["failed"] and callback_state == "sent":
+        if final is not None and final.get("state") == "COMPLETED":  # also a dead-lettered callback requeued
+            state = "succeeded"
+            result = final.get("result")
+        elif item.get("on_failure") == "dead_letter" and inputs["failed"] and callback_state == "sent":
             state = "dead_lettered"
-        elif final is not None and final.get("state") in ("COMPLETED", "FAILED"):
-            state = "succeeded" if final["state"] == "COMPLETED" else "failed"
+        elif final is not None and final.get("state") == "FAILED":
+            state = "failed"
             result = final.get("result")
         elif final is not None:
             state = "callback " + str(final.get("state")).lower()
