@@ -6,6 +6,7 @@ import pytest
 
 from worker.dashboard.history import History, columns
 from worker.dashboard.security import Gate, check_exposure, is_loopback
+from worker.dashboard.sources import WorkerInfo, counts_of
 from worker.errors import ConfigError
 
 LOOPBACK = [("127.0.0.1", True), ("::1", True), ("localhost", True)]
@@ -86,3 +87,17 @@ def test_history_keeps_one_hour() -> None:
 def test_columns_line_the_series_up_on_one_time_axis() -> None:
     out = columns({"succeeded": [(60, 2.0)], "retried": [(0, 1.0)], "dead_lettered": []})
     assert out == {"t": [0.0, 60.0], "succeeded": [0.0, 2.0], "retried": [1.0, 0.0], "dead_lettered": [0.0, 0.0]}
+
+
+def test_the_overview_counts_only_the_workers_of_its_queues() -> None:
+    def info(owner: str, queue: str, succeeded: int) -> WorkerInfo:
+        return WorkerInfo(owner, queue, "host", 4, 0, {"succeeded": succeeded}, 1.0)
+
+    workers = [
+        info("a", "jobs", 3),
+        info("b", "https://sqs.eu-west-1.amazonaws.com/123456789012/jobs", 2),  # WORKER_QUEUE given as a URL
+        info("c", "flows", 10),  # another queue's worker sharing the table
+        info("d", "jobs-archive", 7),
+    ]
+    assert counts_of(workers, ["jobs"]) == {"a": {"succeeded": 3}, "b": {"succeeded": 2}}
+    assert set(counts_of(workers, ["jobs", "flows"])) == {"a", "b", "c"}

@@ -34,7 +34,7 @@ from worker.dashboard.config import DashboardSettings
 from worker.dashboard.display import shown, shown_block
 from worker.dashboard.history import History, columns
 from worker.dashboard.security import CSRF_FIELD, TOKEN_COOKIE, Gate
-from worker.dashboard.sources import Sources, describe_result
+from worker.dashboard.sources import Sources, counts_of, describe_result
 from worker.errors import WorkerError
 from worker.observability.logs import Redactor
 from worker.ops.dlq_records import group_dead_letters, printable, printable_json
@@ -91,7 +91,7 @@ class Dashboard:
     def sample_once(self) -> None:
         now_s = int(time.time())
         stats = self.sources.queues()
-        workers = {w.owner: w.counts for w in self.sources.workers()} if self.sources.table else {}
+        workers = counts_of(self.sources.workers(), self.sources.queue_names) if self.sources.table else {}
         with self._history_lock:
             for row in stats:
                 self.history.sample_depth(row.name, row.visible + row.in_flight + row.delayed, now_s=now_s)

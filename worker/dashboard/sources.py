@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -104,6 +104,13 @@ class WorkerInfo:
     busy: int
     counts: dict[str, int]
     seen_s_ago: float
+
+
+def counts_of(workers: Iterable[WorkerInfo], queue_names: Iterable[str]) -> dict[str, dict[str, int]]:
+    """The job counts of the workers that consume one of ``queue_names`` (a worker of a queue set reports its
+    first queue), by worker: the overview charts these queues, not every worker sharing the table."""
+    names = set(queue_names)
+    return {w.owner: w.counts for w in workers if queue_name_of(w.queue) in names}
 
 
 class Sources:
