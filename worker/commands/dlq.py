@@ -164,6 +164,13 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _not_found(ident: str, limit: int) -> None:
+    print(
+        f"no dead letter with id {printable(ident)} among those read (every one visible, at most --limit {limit})",
+        file=sys.stderr,
+    )
+
+
 def run_show(args: argparse.Namespace) -> int:
     letter = None
     for dlq in open_dlqs(args):
@@ -171,7 +178,7 @@ def run_show(args: argparse.Namespace) -> int:
         if letter is not None:
             break
     if letter is None:
-        print(f"no dead letter with id {printable(args.id)} among the first {args.limit} read", file=sys.stderr)
+        _not_found(args.id, args.limit)
         return 1
     print(printable_json(letter.describe()))
     return 0
@@ -253,7 +260,7 @@ def run_requeue(args: argparse.Namespace) -> int:
         codes.append(_report(result, f"requeue to {queue_name_of(dlq.source_url)}"))
     missing = sorted(wanted - found)
     for ident in missing:  # not a message left behind: there is none with that id (among those read)
-        print(f"no dead letter with id {printable(ident)} among the first {args.limit} read", file=sys.stderr)
+        _not_found(ident, args.limit)
     if not chosen_any and args.category:
         print(f"no dead letters of category '{printable(args.category)}'", file=sys.stderr)
     return 1 if missing else max(codes)
