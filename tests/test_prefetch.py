@@ -4,8 +4,10 @@ at once, and at shutdown the prefetched ones go back at once, unrun and uncounte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from worker.errors import QueueUnavailable
 from worker.jobs import Registry
 from worker.observability.events import Event, Kind, Observers
 from worker.ops.bootstrap import Created
+from worker.runtime.clock import SYSTEM_CLOCK, Clock
 from worker.runtime.starts import Starts
 from worker.runtime.worker import RuntimeOptions, Worker
 
@@ -233,6 +236,30 @@ async def test_at_shutdown_fifo_members_waiting_for_a_start_go_back_unrun(backen
     assert_queue_empty(client, queues.queue_url)
 
 
+@contextlib.asynccontextmanager
+async def one_slot_two_prefetched(
+    queue: ScriptedQueue, registry: Registry, observer: Any, *, visibility_timeout_s: int, clock: Clock = SYSTEM_CLOCK
+) -> AsyncIterator[Worker]:
+    """A worker of concurrency 1 and prefetch 2 on ``queue``, running until the block ends."""
+    worker = Worker(
+        registry=registry,
+        queue=queue,
+        dlq=ScriptedQueue("dlq"),
+        options=RuntimeOptions(
+            concurrency=1, prefetch=2, visibility_timeout_s=visibility_timeout_s, shutdown_grace_s=5, poll_wait_s=20
+        ),
+        observers=Observers([observer]),
+        clock=clock,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        yield worker
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+
+
 class RefusesExtensions(ThreeThenStall):
     """Every visibility change fails as SQS fails it for a claim that lapsed (ReceiptHandleIsInvalid)."""
 
@@ -275,22 +302,10 @@ async def test_a_prefetched_message_whose_claim_lapsed_is_not_started() -> None:
         def connectivity(self, **_: Any) -> None:
             return None
 
-    worker = Worker(
-        registry=registry,
-        queue=queue,
-        dlq=ScriptedQueue("dlq"),
-        options=RuntimeOptions(concurrency=1, prefetch=2, visibility_timeout_s=1, shutdown_grace_s=5, poll_wait_s=20),
-        observers=Observers([Lost()]),
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
+    async with one_slot_two_prefetched(queue, registry, Lost(), visibility_timeout_s=1):
         await asyncio.wait_for(both_lost.wait(), timeout=10)
         release.set()
         await asyncio.wait_for(nothing_held.wait(), timeout=5)  # job 0 ended; the lost two were let go, not run
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=10)
     assert started == [0]
     assert queue.deleted == ["handle-0"]
 
@@ -352,24 +367,11 @@ async def test_a_prefetched_message_whose_claim_ran_out_unextended_is_not_starte
         def connectivity(self, **_: Any) -> None:
             return None
 
-    worker = Worker(
-        registry=registry,
-        queue=queue,
-        dlq=ScriptedQueue("dlq"),
-        options=RuntimeOptions(concurrency=1, prefetch=2, visibility_timeout_s=30, shutdown_grace_s=5, poll_wait_s=20),
-        observers=Observers([Watch()]),
-        clock=clock,
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
+    async with one_slot_two_prefetched(queue, registry, Watch(), visibility_timeout_s=30, clock=clock):
         await asyncio.wait_for(asyncio.gather(running.wait(), both_received.wait()), timeout=10)
         clock.now += 31  # past the 30 s claims of the two prefetched messages
         release.set()
         await asyncio.wait_for(both_lost.wait(), timeout=10)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=10)
     assert started == [0]
     assert set(lost) == {"id-1", "id-2"}
     assert all("ran out while it waited to start" in reason for reason in lost.values())
