@@ -366,6 +366,14 @@ BREAKAGES: tuple[Breakage, ...] = (
         "        if False and held.claim_lapsed(  # MUTANT\n",
         ("tests/test_prefetch.py::test_a_prefetched_message_whose_claim_ran_out_unextended_is_not_started",),
     ),
+    Breakage(
+        "a1",
+        "a message whose job ended here comes back before its delete went through and is run again",
+        "worker/runtime/worker.py",
+        "        if self.outcomes.acknowledged(message.message_id):\n",
+        "        if False:  # MUTANT\n",
+        ("tests/test_acknowledged_copies.py::test_a_copy_of_a_job_that_ended_here_is_deleted_not_run_again",),
+    ),
 )
 
 

@@ -45,6 +45,9 @@ log = logging.getLogger("worker")
 DEAD_LETTER_HOLD_S = 60
 #: Dead-letter decisions remembered by message id (the oldest are forgotten first; about 1 KiB each).
 MAX_DECIDED = 1_000
+#: Messages whose job ended here (acknowledged) while their delete had not gone through yet, or failed: a copy SQS
+#: hands back to this process is deleted, not run again (the oldest are forgotten first; about 100 bytes each).
+MAX_UNDELETED = 1_000
 #: The release reason of a message whose body alone is larger than its DLQ's MaximumMessageSize.
 DLQ_TOO_SMALL = "too large for the DLQ"
 #: Such a message is kept in its source queue, invisible this long (at most to the 12-hour limit) each time.
@@ -86,6 +89,7 @@ class Outcomes:
         #: Holds applied in place (FIFO, or no copy could be sent): subtracted from the receive count.
         self.holds = HoldMemory()
         self._decided: OrderedDict[str, Decided] = OrderedDict()
+        self._undeleted: OrderedDict[str, None] = OrderedDict()
         self._dlq_limits: dict[str, int | None] = {}
 
     def emit(self, kind: Kind, held: Held, **fields: Any) -> None:
@@ -98,13 +102,30 @@ class Outcomes:
             await asyncio.gather(held.extension, return_exceptions=True)
 
     async def ack(self, held: Held) -> None:
+        """Delete a message whose job ended (succeeded, or a completed duplicate). Until the delete went through
+        its id is remembered (``acknowledged``): a copy SQS hands back meanwhile, or after the delete failed, is
+        deleted again rather than run again."""
         await self.settle(held)
+        message_id = held.message.message_id
+        self._undeleted.pop(message_id, None)
+        self._undeleted[message_id] = None
+        while len(self._undeleted) > MAX_UNDELETED:
+            self._undeleted.popitem(last=False)
         try:
             await held.queue_or(self.queue).delete(held.message.receipt_handle)
         except (EntryFailed, QueueUnavailable) as exc:
             log.warning(
-                "delete failed; the message will be delivered again: %s", exc, extra=held.log_fields(self.queue.name)
+                "delete failed; if the message comes back to this worker it is deleted again, elsewhere it runs "
+                "again: %s",
+                exc,
+                extra=held.log_fields(self.queue.name),
             )
+            return
+        self._undeleted.pop(message_id, None)
+
+    def acknowledged(self, message_id: str) -> bool:
+        """This process acknowledged the message and its delete has not gone through (in flight, or failed)."""
+        return message_id in self._undeleted
 
     async def retry(self, held: Held, delay_s: int, error: str, duration_s: float) -> None:
         await self.settle(held)

@@ -445,6 +445,12 @@ class Worker:
     async def _process(self, held: Held) -> bool:
         """Run one message to its outcome. True when the job succeeded (or was a completed duplicate)."""
         message = held.message
+        if self.outcomes.acknowledged(message.message_id):
+            # Its job ended here, but the delete had not gone through when SQS handed it out again: delete this
+            # copy, do not run it again.
+            await self._finish(held, self.outcomes.ack(held))
+            self._emit(Kind.DUPLICATE_SKIPPED, held, reason="its job ended here; the delete had not gone through")
+            return True
         decided = self.outcomes.decided(message.message_id)
         if decided is not None:  # decided dead before (its dead-letter send or delete did not go through)
             held.job_type = decided.job_type
