@@ -60,3 +60,21 @@ def test_enqueue_validates_a_registered_type_and_sends_others_as_given(backend: 
         {"type": "send_email", "payload": {"to": 2}},
         {"type": "send_email", "payload": {"to": 3}},
     ]
+
+
+def test_enqueue_refuses_a_payload_the_worker_would_dead_letter(backend: Backend) -> None:
+    """An integer of more digits than Python converts, nesting deeper than the worker takes (shallow and deep enough
+    to exhaust a parser's recursion), a lone surrogate: one line each, exit 2, nothing sent."""
+    queues = make_queues(backend.endpoint_url)
+    env = worker_env(backend.endpoint_url, WORKER_QUEUE=queues.queue_url)
+    cases = {
+        '{"n": ' + "9" * 5000 + "}": "an integer of more than 4300 digits",
+        '{"a": ' + "[" * 150 + "]" * 150 + "}": "nests deeper than 100 levels",
+        '{"a": ' + "[" * 20_000 + "]" * 20_000 + "}": "nests deeper than 100 levels",
+        '{"s": "\\ud800"}': "not valid Unicode",
+    }
+    for payload, reason in cases.items():
+        result = cli("enqueue", "echo", "--payload", payload, env=env)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1 and reason in result.stderr and "nothing sent" in result.stderr
+    assert message_count(sqs_client(backend.endpoint_url), queues.queue_url) == 0
