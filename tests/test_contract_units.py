@@ -59,6 +59,13 @@ def test_envelope_round_trip() -> None:
     assert parse_envelope('{"type": "caf\\u00e9"}').type == "café"
 
 
+def test_non_finite_numbers_arrive_as_sent_not_as_null() -> None:
+    """The worker reads NaN and +-Infinity (as Python's json does): a producer sends them so, never as null."""
+    body = dump_envelope("x", {"big": float("inf"), "low": -float("inf"), "nan": float("nan")})
+    payload = parse_envelope(body).payload
+    assert payload["big"] == float("inf") and payload["low"] == -float("inf") and payload["nan"] != payload["nan"]
+
+
 def test_schema_is_json_schema_2020_12() -> None:
     schema = envelope_schema()
     assert schema["$schema"].endswith("2020-12/schema")

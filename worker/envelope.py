@@ -34,7 +34,8 @@ class WorkflowRef(BaseModel):
 class Envelope(BaseModel):
     """What a producer puts in the SQS message body, as JSON."""
 
-    model_config = ConfigDict(extra="forbid", title="sqs-worker message envelope")
+    # NaN and +-Infinity go out as Python's json writes them (the worker reads them back), not as null.
+    model_config = ConfigDict(extra="forbid", title="sqs-worker message envelope", ser_json_inf_nan="constants")
 
     type: str = Field(min_length=1, max_length=256, description="The job type a handler is registered for.")
     payload: dict[str, Any] = Field(default_factory=dict, description="The job's arguments, a JSON object.")
