@@ -293,6 +293,14 @@ BREAKAGES: tuple[Breakage, ...] = (
         ("tests/test_cloudtasks_http.py::test_over_capacity_answers_503_but_the_last_attempt_waits",),
     ),
     Breakage(
+        "ct5",
+        "Cloud Tasks: a job's run_at is dropped (the task runs at once)",
+        "worker/backends/cloudtasks/producer.py",
+        "delay_s=job.delay_s, run_at=job.run_at)",
+        "delay_s=job.delay_s)  # MUTANT",
+        ("tests/test_cloudtasks_producer.py::test_run_at_is_the_schedule_time_within_30_days",),
+    ),
+    Breakage(
         "e4",
         "shutdown does not wait for a dead letter still being sent when its job was cancelled",
         "worker/runtime/worker.py",
