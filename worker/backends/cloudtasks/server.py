@@ -26,10 +26,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from worker.backends.aws import async_client, client_config, is_transient, translate
+from worker.backends.aws import async_client, client_config, is_transient
 from worker.backends.cloudtasks.auth import Authenticator, KeySet, KeysUnavailable, Unauthorized
 from worker.backends.cloudtasks.contract import MAX_TASK_BODY_BYTES, parse_request
-from worker.backends.cloudtasks.deadletters import PARTITION_KEY, SORT_KEY, DeadLetterStore
+from worker.backends.cloudtasks.deadletters import (
+    PARTITION_KEY,
+    SORT_KEY,
+    DeadLetterStore,
+    translate_dead_letter_error,
+)
 from worker.backends.cloudtasks.runner import RunnerOptions, TaskRunner
 from worker.backends.cloudtasks.settings import CloudTasksSettings, load_cloudtasks_settings
 from worker.errors import ConfigError
@@ -147,7 +152,7 @@ async def check_dead_letter_table(client: Any, table: str) -> None:
     except Exception as exc:
         if is_transient(exc):
             return
-        error = translate(exc, "GetItem", service="dynamodb", resource=table)
+        error = translate_dead_letter_error(exc, "GetItem", table)
         if isinstance(error, ConfigError):
             raise error from exc
         raise ConfigError(f"dead-letter table {table!r}: {error}") from exc
