@@ -230,7 +230,7 @@ async def serve_tasks(
         observers.add(metrics)
     try:
         async with open_runner(settings, cloudtasks, registry, observers) as runner:
-            _warn_deadline(registry)
+            _warn_deadline(registry, cloudtasks.dispatch_deadline_s)
             sock = bind(cloudtasks.host, cloudtasks.port)
             config = uvicorn.Config(
                 build_app(runner, auth, health, prometheus=prometheus),
@@ -276,16 +276,11 @@ async def serve_tasks(
         health.close()
 
 
-def _warn_deadline(registry: Registry) -> None:
-    from worker.backends.cloudtasks.contract import MAX_DISPATCH_DEADLINE_S
+def _warn_deadline(registry: Registry, dispatch_deadline_s: int) -> None:
+    from worker.backends.cloudtasks.contract import deadline_warnings
 
-    long = [spec.name for spec in registry.specs() if spec.timeout_s > MAX_DISPATCH_DEADLINE_S]
-    if long:
-        log.warning(
-            "job(s) %s have timeout_s above Cloud Tasks' 30-minute dispatch deadline: Cloud Tasks gives up on them "
-            "earlier and retries while they still run",
-            ", ".join(long),
-        )
+    for warning in deadline_warnings(registry.specs(), dispatch_deadline_s):
+        log.warning("%s", warning)
 
 
 async def _gauges(runner: TaskRunner) -> None:
