@@ -92,3 +92,22 @@ def test_cli_run_at_reaches_the_task(
     assert main(["enqueue", "echo", "--run-at", when.isoformat().replace("+00:00", "Z")]) == 0
     [task] = tasks_emulator.tasks(queue)
     assert task.schedule_time.timestamp() == when.timestamp()
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (["enqueue"], ["SQS: up to a year", "Cloud Tasks: up to 30 days", "refused on Cloud Tasks"]),
+        (["dlq"], ["WORKER_CLOUDTASKS_DEAD_LETTER_TABLE", "--rate and --no-move-task do not apply"]),
+        (["dlq", "redrive"], ["SQS: at most N messages per second", "on SQS: the receive/send/delete path only"]),
+        (["dlq", "requeue"], ["X-Worker-Requeue-Reason", "Cloud Tasks: task names"]),
+    ],
+)
+def test_help_says_what_holds_on_each_backend(
+    command: list[str], says: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for words in says:
+        assert words in text

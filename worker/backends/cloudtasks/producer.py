@@ -152,7 +152,7 @@ def job_task(settings: CloudTasksSettings, queue: str, job: Job) -> tuple[str, d
 
 
 def enqueue_task(client: Any, settings: CloudTasksSettings, queue: str, job: Job) -> Created:
-    """Send one job as a task (what ``sqs-worker enqueue`` does with WORKER_BACKEND=cloudtasks, and what a typed
-    ``.enqueue`` calls)."""
+    """Send one job as a task (what ``sqs-worker enqueue`` does with WORKER_BACKEND=cloudtasks). A typed
+    ``.enqueue`` does not call it: it sends to SQS whatever WORKER_BACKEND says (README, Producers)."""
     queue_path, task = job_task(settings, queue, job)
     return create_task(client, settings, queue_path, task)
