@@ -293,6 +293,25 @@ BREAKAGES: tuple[Breakage, ...] = (
         ("tests/test_cloudtasks_http.py::test_over_capacity_answers_503_but_the_last_attempt_waits",),
     ),
     Breakage(
+        "ct5",
+        "Cloud Tasks: a job's run_at is dropped (the task runs at once)",
+        "worker/backends/cloudtasks/producer.py",
+        "delay_s=job.delay_s, run_at=job.run_at)",
+        "delay_s=job.delay_s)  # MUTANT",
+        ("tests/test_cloudtasks_producer.py::test_run_at_is_the_schedule_time_within_30_days",),
+    ),
+    Breakage(
+        "ct6",
+        "Cloud Tasks: requeue puts its audit on the task unencoded (a non-Latin-1 reason is never delivered)",
+        "worker/backends/cloudtasks/dlq.py",
+        'AUDIT_HEADERS[name]: quote(value, safe=HEADER_SAFE, errors="surrogatepass")',
+        "AUDIT_HEADERS[name]: value",  # MUTANT: the values as given
+        (
+            "tests/test_cloudtasks_requeue.py::test_audit_header_values_are_printable_ascii_and_decode_back",
+            "tests/test_cloudtasks_requeue.py::test_a_non_latin1_reason_is_requeued_and_delivered",
+        ),
+    ),
+    Breakage(
         "e4",
         "shutdown does not wait for a dead letter still being sent when its job was cancelled",
         "worker/runtime/worker.py",

@@ -16,10 +16,10 @@ from worker.backends.cloudtasks.producer import build_task
 from worker.backends.cloudtasks.settings import CloudTasksSettings
 from worker.jobs import Registry
 
-REQUEUE_HEADERS = {  # what `dlq requeue` adds (X-Worker-Requeued-*), at realistic sizes
+REQUEUE_HEADERS = {  # what `dlq requeue` adds (cloudtasks.dlq.AUDIT_HEADERS), at realistic sizes
     "X-Worker-Requeued-By": "alice",
     "X-Worker-Requeued-At": "2026-11-30T09:00:00.000Z",
-    "X-Worker-Requeued-Reason": "fixed in 1.4.2",
+    "X-Worker-Requeue-Reason": "fixed in 1.4.2",
     "X-Worker-Requeued-From": "local-" + "0" * 32,
 }
 

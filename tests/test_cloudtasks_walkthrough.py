@@ -55,6 +55,12 @@ def test_the_cloud_tasks_walkthrough_runs_as_written(dev_server: dict[str, str],
         wait_until(lambda: '"event": "succeeded"' in log.read_text(), 30, "the walkthrough's job to run")
         succeeded = [line for line in log.read_text().splitlines() if '"event": "succeeded"' in line]
         assert len(succeeded) == 1 and '"job_type": "send_email"' in succeeded[0], succeeded
+        (python,) = [b.text for b in readme_blocks() if b.first_line.startswith("from worker.backends.cloudtasks.")]
+        user = {**env, "PATH": dev_server["PATH"]}  # the user's shell: not the uv the setup script was given
+        run_bash(f"python - <<'README_PYTHON'\n{python}README_PYTHON", user, cwd=folder)  # the Producers snippet
+        wait_until(lambda: log.read_text().count('"event": "succeeded"') == 2, 30, "the Python producer's job to run")
+        warned = [line for line in log.read_text().splitlines() if '"level": "WARNING"' in line]
+        assert warned == []  # no dispatch-deadline warning for the README's handlers with the defaults
         run_bash("sqs-worker dlq list >dlq.txt", env, cwd=folder)
         assert "dead letters read: 0" in (folder / "dlq.txt").read_text()
     finally:

@@ -44,6 +44,9 @@ NOT_RUN = {
     ),
     "export WORKER_BACKEND=cloudtasks WORKER_QUEUE=projects/local/locations/here/queues/jobs "
     "WORKER_HANDLERS=app.jobs": ("needs the emulator above: tests/test_cloudtasks_walkthrough.py runs it as written"),
+    "from worker.backends.cloudtasks.producer import enqueue_task, tasks_client": (
+        "needs the emulator and the Cloud Tasks exports: tests/test_cloudtasks_walkthrough.py runs it as written"
+    ),
 }
 #: Commands that run until a signal: started in the background, stopped (SIGTERM) after the other examples.
 BACKGROUND = {

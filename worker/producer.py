@@ -50,19 +50,7 @@ def _entry(job: Job, *, fifo: bool) -> dict[str, Any]:
             "send without delay_s/run_at, or use a standard queue"
         )
     timing = schedule(delay_s=job.delay_s, run_at=job.run_at, now=datetime.now(UTC))
-    not_unicode = ConfigError(
-        f"job {job.type!r}: the payload holds a string that is not valid Unicode "
-        "(a lone surrogate such as '\\ud800'); nothing sent"
-    )
-    try:
-        body = dump_envelope(job.type, job.payload, job.idempotency_key)
-    except ValidationError as exc:
-        raise ConfigError("job " + describe_errors(exc)) from None
-    except PydanticSerializationError:  # a lone surrogate in a value: UTF-8 (and so SQS) cannot carry it
-        raise not_unicode from None
-    if "\ufffd" in body and not _utf8_encodable(job.payload):  # pydantic replaces one in a key: refuse it too
-        raise not_unicode
-    entry: dict[str, Any] = {"MessageBody": body}
+    entry: dict[str, Any] = {"MessageBody": envelope_body(job)}
     trace = trace_attributes()  # the current span's W3C traceparent (the otel extra installed)
     if trace:
         entry["MessageAttributes"] = trace
@@ -76,6 +64,25 @@ def _entry(job: Job, *, fifo: bool) -> dict[str, Any]:
             due = {"DataType": "String", "StringValue": format_due_at(timing.due_at)}
             entry["MessageAttributes"] = {**entry.get("MessageAttributes", {}), DUE_AT_ATTRIBUTE: due}
     return entry
+
+
+def envelope_body(job: Job) -> str:
+    """The envelope of ``job`` as JSON text, for any backend. Raises ConfigError (nothing sent) for a job the
+    envelope refuses and for text that is not valid Unicode (a lone surrogate: UTF-8, and so SQS or a task's body,
+    cannot carry it)."""
+    not_unicode = ConfigError(
+        f"job {job.type!r}: the payload holds a string that is not valid Unicode "
+        "(a lone surrogate such as '\\ud800'); nothing sent"
+    )
+    try:
+        body = dump_envelope(job.type, job.payload, job.idempotency_key)
+    except ValidationError as exc:
+        raise ConfigError("job " + describe_errors(exc)) from None
+    except PydanticSerializationError:  # a lone surrogate in a value
+        raise not_unicode from None
+    if "\ufffd" in body and not _utf8_encodable(job.payload):  # pydantic replaces one in a key: refuse it too
+        raise not_unicode
+    return body
 
 
 def _utf8_encodable(payload: dict[str, Any]) -> bool:

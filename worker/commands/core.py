@@ -43,7 +43,8 @@ def add_parser(subparsers: Any) -> None:
     enqueue = subparsers.add_parser(
         "enqueue",
         help="send one job to the queue",
-        description="Send one job (the envelope {type, payload, idempotency_key}) to WORKER_QUEUE.",
+        description="Send one job (the envelope {type, payload, idempotency_key}) to WORKER_QUEUE: an SQS queue "
+        "(prints the MessageId), or with WORKER_BACKEND=cloudtasks a Cloud Tasks queue (prints the task's name).",
     )
     enqueue.add_argument("type", help="the job type, e.g. send_email")
     enqueue.add_argument("--payload", default="{}", help="the payload as a JSON object (default: {})")
@@ -51,16 +52,21 @@ def add_parser(subparsers: Any) -> None:
         "--delay-s",
         type=int,
         default=0,
-        help="run after this many seconds (up to a year; past 900 s in 15-minute hops)",
+        help="run after this many seconds (SQS: up to a year, past 900 s in 15-minute hops; Cloud Tasks: up to "
+        "30 days)",
     )
     enqueue.add_argument(
         "--run-at",
         type=run_at_time,
         default=None,
-        help="run at this time, ISO 8601 with a timezone (2026-12-01T09:00Z)",
+        help="run at this time, ISO 8601 with a timezone (2026-12-01T09:00Z); as far ahead as --delay-s goes",
     )
     enqueue.add_argument("--idempotency-key", default=None, help="jobs with the same key take effect once")
-    enqueue.add_argument("--group-id", default=None, help="FIFO queues: the MessageGroupId (default: the type)")
+    enqueue.add_argument(
+        "--group-id",
+        default=None,
+        help="SQS FIFO queues: the MessageGroupId (default: the type); refused on Cloud Tasks",
+    )
     add_queue_option(enqueue, "WORKER_QUEUE; required with several WORKER_QUEUES")
     enqueue.set_defaults(func=cmd_enqueue)
 

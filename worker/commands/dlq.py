@@ -5,6 +5,9 @@ WORKER_QUEUES each queue has its own DLQ: list, show, redrive and requeue work o
 queue), or on the one of ``--queue NAME``; purge needs ``--queue`` when the set has several queues.
 Reading the DLQ (list, show, requeue) receives messages and releases them again: each read adds one to
 their ApproximateReceiveCount. A message leaves the DLQ only after its copy was sent; never the other way.
+With WORKER_BACKEND=cloudtasks the dead letters are the queue's records in WORKER_CLOUDTASKS_DEAD_LETTER_TABLE, their
+ids the task names: redrive and requeue create new tasks, a record is deleted only after its task was created, and
+--rate and --no-move-task do not apply.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def _positive(text: str) -> int:
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "dlq",
-        help="inspect and replay the dead-letter queue",
+        help="inspect and replay the dead letters (the DLQ; on Cloud Tasks the dead-letter table)",
         description=plain_help(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -74,33 +77,43 @@ def add_parser(subparsers: Any) -> None:
     listing.set_defaults(func=_backend_switch(run_list))
 
     show = actions.add_parser("show", help="one dead letter: body and attributes")
-    show.add_argument("id", help="the original message id or the DLQ message id")
+    show.add_argument("id", help="the original message id or the DLQ message id (Cloud Tasks: the task name)")
     show.add_argument("--limit", type=_positive, default=DEFAULT_READ_LIMIT, help="search at most N (default 1000)")
     add_queue_option(show, "search the DLQ of every queue")
     show.set_defaults(func=_backend_switch(run_show))
 
     redrive = actions.add_parser(
-        "redrive", help="move the dead letters back to the queue (those in the DLQ when it starts, each once)"
+        "redrive", help="move the dead letters back to the queue (those there when it starts, each once)"
     )
-    redrive.add_argument("--rate", type=_rate, help="at most N messages per second (e.g. 50 or 50/s)")
+    redrive.add_argument("--rate", type=_rate, help="SQS: at most N messages per second (e.g. 50 or 50/s)")
     redrive.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    redrive.add_argument("--limit", type=_positive, help="move at most N (receive/send/delete path only)")
+    redrive.add_argument("--limit", type=_positive, help="move at most N (on SQS: the receive/send/delete path only)")
     redrive.add_argument(
-        "--no-move-task", action="store_true", help="do not use StartMessageMoveTask; receive, send and delete"
+        "--no-move-task", action="store_true", help="SQS: do not use StartMessageMoveTask; receive, send and delete"
     )
     add_queue_option(redrive, "each queue's DLQ back to that queue")
     redrive.set_defaults(func=_backend_switch(run_redrive))
 
-    requeue_parser = actions.add_parser("requeue", help="send chosen dead letters back as fresh messages, audited")
-    requeue_parser.add_argument("ids", nargs="*", metavar="ID", help="original or DLQ message ids")
+    requeue_parser = actions.add_parser(
+        "requeue", help="send chosen dead letters back as fresh messages (tasks), audited"
+    )
+    requeue_parser.add_argument(
+        "ids", nargs="*", metavar="ID", help="original or DLQ message ids (Cloud Tasks: task names)"
+    )
     requeue_parser.add_argument("--category", help="requeue every dead letter of this category instead")
-    requeue_parser.add_argument("--reason", required=True, help="why (kept on the message as requeue_reason)")
+    requeue_parser.add_argument(
+        "--reason",
+        required=True,
+        help="why (SQS: the message attribute requeue_reason; Cloud Tasks: the X-Worker-Requeue-Reason header)",
+    )
     requeue_parser.add_argument("--by", help="who (default: $USER)")
     requeue_parser.add_argument("--limit", type=_positive, default=DEFAULT_READ_LIMIT, help="read at most N")
     add_queue_option(requeue_parser, "the DLQ of every queue, each back to its own queue")
     requeue_parser.set_defaults(func=_backend_switch(run_requeue))
 
-    purge = actions.add_parser("purge", help="delete every message in the dead-letter queue")
+    purge = actions.add_parser(
+        "purge", help="delete every dead letter (of the DLQ, or of the queue in the dead-letter table)"
+    )
     purge.add_argument("--yes", action="store_true", help="required: purging cannot be undone")
     add_queue_option(purge, "the only queue; required with several WORKER_QUEUES")
     purge.set_defaults(func=_backend_switch(run_purge))

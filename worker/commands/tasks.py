@@ -70,7 +70,7 @@ def cmd_enqueue_task(args: argparse.Namespace, payload: dict[str, Any]) -> int:
 
     settings = load_settings()
     cloudtasks = load_cloudtasks_settings()
-    job = Job(args.type, payload, args.idempotency_key, args.delay_s, args.group_id)
+    job = Job(args.type, payload, args.idempotency_key, args.delay_s, args.group_id, run_at=args.run_at)
     queue_path, task = job_task(cloudtasks, settings.queue, job)  # a wrong setting or job before any connection
     created = create_task(tasks_client(cloudtasks), cloudtasks, queue_path, task)
     if not created.created:

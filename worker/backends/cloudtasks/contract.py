@@ -136,3 +136,27 @@ def queue_retry_config(specs: Iterable[JobSpec]) -> dict[str, object]:
         "max-doublings": doublings,
         "max-retry-duration": "0s",
     }
+
+
+def deadline_warnings(specs: Iterable[JobSpec], dispatch_deadline_s: int) -> list[str]:
+    """What ``serve-tasks`` warns about at start: jobs whose ``timeout_s`` reaches the tasks' dispatch deadline
+    (Cloud Tasks stops waiting for the answer then and retries the task while it still runs)."""
+    warnings = []
+    over_cap = [spec for spec in specs if spec.timeout_s > MAX_DISPATCH_DEADLINE_S]
+    if over_cap:
+        warnings.append(
+            f"job(s) {_timeouts(over_cap)} have timeout_s above Cloud Tasks' {MAX_DISPATCH_DEADLINE_S} s (30-minute) "
+            "dispatch deadline: Cloud Tasks gives up on them earlier and retries while they still run"
+        )
+    reached = [spec for spec in specs if dispatch_deadline_s <= spec.timeout_s <= MAX_DISPATCH_DEADLINE_S]
+    if reached:
+        warnings.append(
+            f"job(s) {_timeouts(reached)} have timeout_s at or above WORKER_CLOUDTASKS_DISPATCH_DEADLINE_S="
+            f"{dispatch_deadline_s}: Cloud Tasks stops waiting after {dispatch_deadline_s} s and retries while they "
+            f"still run; set it above the largest timeout_s (at most {MAX_DISPATCH_DEADLINE_S})"
+        )
+    return warnings
+
+
+def _timeouts(specs: Iterable[JobSpec]) -> str:
+    return ", ".join(f"{spec.name} (timeout_s {spec.timeout_s:g})" for spec in specs)

@@ -24,10 +24,10 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.backends.aws import is_transient, translate
+from worker.backends.aws import Trouble, classify, is_transient, translate
 from worker.budgets import Budget, retry_delay_s
 from worker.deadletter import OUR_ATTRIBUTES, dead_letter_record
-from worker.errors import ConfigError, QueueUnavailable
+from worker.errors import ConfigError, QueueUnavailable, WorkerError
 
 log = logging.getLogger("worker.cloudtasks")
 
@@ -125,6 +125,17 @@ def _record(item: dict[str, Any], parts: list[bytes]) -> StoredDeadLetter:
     )
 
 
+def translate_dead_letter_error(exc: BaseException, action: str, table: str) -> WorkerError:
+    """``translate`` for a call on the dead-letter table: a missing table names it and its setting (not the
+    idempotency table's)."""
+    if classify(exc) is Trouble.MISSING:
+        return ConfigError(
+            f"{action}: dead-letter table {table!r} does not exist: run `sqs-worker bootstrap` or fix "
+            "WORKER_CLOUDTASKS_DEAD_LETTER_TABLE"
+        )
+    return translate(exc, action, service="dynamodb", resource=table)
+
+
 class DeadLetterStore:
     """Reads and writes dead-letter records of one queue in ``table`` (an aiobotocore DynamoDB client)."""
 
@@ -134,7 +145,7 @@ class DeadLetterStore:
         self.queue = queue
 
     def _error(self, exc: BaseException, action: str) -> Exception:
-        error = translate(exc, action, service="dynamodb", resource=self.table)
+        error = translate_dead_letter_error(exc, action, self.table)
         if isinstance(error, ConfigError):
             return error
         return QueueUnavailable(f"dead-letter table {self.table!r}: {error}")

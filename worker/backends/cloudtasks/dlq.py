@@ -5,7 +5,9 @@ an SQS DLQ, with the same listing, record view and exit codes.
 - redrive: each record read becomes a new task with the same body (a fresh name: a used name is refused by
   Cloud Tasks for a while), then the record is deleted; a record whose task could not be created stays.
 - requeue: the same for chosen records, the task carrying the audit as headers (``X-Worker-Requeued-By``,
-  ``-At``, ``-Reason``, ``-From``).
+  ``X-Worker-Requeued-At``, ``X-Worker-Requeue-Reason``, ``X-Worker-Requeued-From``), each value percent-encoded
+  UTF-8 outside printable ASCII (and ``%``): HTTP carries header values as Latin-1 at best, and a task whose header
+  cannot be encoded is never delivered.
 - purge: delete every record of the queue.
 A record leaves the table only after its new task was created; never the other way.
 """
@@ -18,6 +20,7 @@ import contextlib
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
 from worker.backends.cloudtasks.deadletters import DeadLetterStore, StoredDeadLetter
 from worker.backends.cloudtasks.producer import build_task, create_task, tasks_client
@@ -33,6 +36,18 @@ AUDIT_HEADERS = {
     "requeue_reason": "X-Worker-Requeue-Reason",
     "requeued_from": "X-Worker-Requeued-From",
 }
+
+#: What a header value holds as is: printable ASCII but ``%`` (anything else is percent-encoded UTF-8).
+HEADER_SAFE = "".join(chr(code) for code in range(0x20, 0x7F) if chr(code) != "%")
+
+
+def audit_headers(audit: dict[str, str], requeued_from: str) -> dict[str, str]:
+    """The requeue's audit as task headers: values percent-encoded UTF-8 outside printable ASCII and ``%`` (decode
+    with ``urllib.parse.unquote``)."""
+    values = {**audit, "requeued_from": requeued_from}
+    return {
+        AUDIT_HEADERS[name]: quote(value, safe=HEADER_SAFE, errors="surrogatepass") for name, value in values.items()
+    }
 
 
 def as_dead_letter(record: StoredDeadLetter) -> DeadLetter:
@@ -130,11 +145,8 @@ async def _move(
     client = tasks_client(cloudtasks)
     result = MoveResult(method, total=len(records))
     for record in records:
-        headers = {}
-        if audit is not None:
-            headers = {AUDIT_HEADERS[name]: value for name, value in audit.items()}
-            headers[AUDIT_HEADERS["requeued_from"]] = record.task
-        try:
+        headers = {} if audit is None else audit_headers(audit, record.task)
+        try:  # the record is deleted only once its new task exists
             task = build_task(cloudtasks, queue_path, record.body, headers=headers)
             created = await asyncio.to_thread(create_task, client, cloudtasks, queue_path, task)
         except (ConfigError, QueueUnavailable) as exc:

@@ -3,7 +3,7 @@
 - Task name from the idempotency key (``key-<sha256 of the key>``): Cloud Tasks refuses a second task of the same
   name (for about an hour after the first was deleted or ran, up to 9 days), so a repeated enqueue is deduplicated
   by Cloud Tasks itself; the hash keeps names within its alphabet and spreads them (sequential names are slow).
-- Delay: ``schedule_time`` (up to 30 days ahead).
+- Delay (``delay_s``) or due time (``run_at``): ``schedule_time`` (up to 30 days ahead).
 - Authentication: an OIDC token for WORKER_CLOUDTASKS_SERVICE_ACCOUNT with the audience; or, for local use, the
   shared secret as an ``X-Worker-Secret`` header of the task (visible to whoever may read the queue's tasks).
 """
@@ -15,14 +15,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import ValidationError
-
 from worker.backends.cloudtasks.auth import SECRET_HEADER_NAME
 from worker.backends.cloudtasks.contract import MAX_TASK_BODY_BYTES
 from worker.backends.cloudtasks.settings import CloudTasksSettings
-from worker.envelope import describe_errors, dump_envelope
 from worker.errors import ConfigError, QueueUnavailable
-from worker.producer import Job
+from worker.producer import Job, envelope_body
 
 #: Cloud Tasks schedules at most 30 days ahead.
 MAX_DELAY_S = 30 * 24 * 3600
@@ -70,16 +67,17 @@ def build_task(
     *,
     name: str | None = None,
     delay_s: float = 0,
+    run_at: datetime | None = None,
     headers: dict[str, str] | None = None,
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """The task (as the client's dict form) that delivers ``body`` to WORKER_CLOUDTASKS_URL."""
+    """The task (as the client's dict form) that delivers ``body`` to WORKER_CLOUDTASKS_URL, scheduled
+    ``delay_s`` from ``now`` or at ``run_at`` (not both; a ``run_at`` in the past is due at once)."""
     from google.protobuf import duration_pb2, timestamp_pb2
 
     if not settings.url:
         raise ConfigError("WORKER_CLOUDTASKS_URL is not set: the URL of the serve-tasks service tasks go to")
-    if not 0 <= delay_s <= MAX_DELAY_S:
-        raise ConfigError(f"delay_s must be between 0 and {MAX_DELAY_S} (Cloud Tasks schedules up to 30 days ahead)")
+    due_at = _due_at(delay_s, run_at, now or datetime.now(UTC))
     if len(body) > MAX_TASK_BODY_BYTES:
         raise ConfigError(
             f"the envelope takes {len(body)} bytes: a Cloud Tasks task holds at most 1 MB "
@@ -102,11 +100,28 @@ def build_task(
     }
     if name:
         task["name"] = f"{queue_path}/tasks/{name}"
-    if delay_s:
+    if due_at is not None:
         when = timestamp_pb2.Timestamp()
-        when.FromDatetime((now or datetime.now(UTC)) + timedelta(seconds=delay_s))
+        when.FromDatetime(due_at)
         task["schedule_time"] = when
     return task
+
+
+def _due_at(delay_s: float, run_at: datetime | None, now: datetime) -> datetime | None:
+    """The task's ``schedule_time`` (None: at once); ConfigError past Cloud Tasks' 30 days, as for SQS's year."""
+    if run_at is not None and delay_s:
+        raise ConfigError("give delay_s or run_at, not both")
+    if run_at is None:
+        if not 0 <= delay_s <= MAX_DELAY_S:
+            raise ConfigError(
+                f"delay_s must be between 0 and {MAX_DELAY_S} (Cloud Tasks schedules up to 30 days ahead)"
+            )
+        return now + timedelta(seconds=delay_s) if delay_s else None
+    if run_at.tzinfo is None:
+        raise ConfigError("run_at needs a timezone (for example datetime.now(UTC) + timedelta(hours=2))")
+    if (run_at - now).total_seconds() > MAX_DELAY_S:
+        raise ConfigError(f"run_at must be at most {MAX_DELAY_S} s ahead (Cloud Tasks schedules up to 30 days ahead)")
+    return run_at.astimezone(UTC) if run_at > now else None
 
 
 def create_task(client: Any, settings: CloudTasksSettings, queue_path: str, task: dict[str, Any]) -> Created:
@@ -130,17 +145,14 @@ def job_task(settings: CloudTasksSettings, queue: str, job: Job) -> tuple[str, d
     """The queue path and the task of one job: named after its idempotency key when it has one."""
     if job.group_id is not None:
         raise ConfigError("Cloud Tasks queues have no message groups (--group-id is for SQS FIFO queues)")
-    try:
-        body = dump_envelope(job.type, job.payload, job.idempotency_key).encode("utf-8")
-    except ValidationError as exc:
-        raise ConfigError("job " + describe_errors(exc)) from None
+    body = envelope_body(job).encode("utf-8")  # the SQS producer's checks (a lone surrogate: ConfigError)
     queue_path = settings.queue_path(queue)
     name = task_id(job.idempotency_key) if job.idempotency_key else None
-    return queue_path, build_task(settings, queue_path, body, name=name, delay_s=job.delay_s)
+    return queue_path, build_task(settings, queue_path, body, name=name, delay_s=job.delay_s, run_at=job.run_at)
 
 
 def enqueue_task(client: Any, settings: CloudTasksSettings, queue: str, job: Job) -> Created:
-    """Send one job as a task (what ``sqs-worker enqueue`` does with WORKER_BACKEND=cloudtasks, and what a typed
-    ``.enqueue`` calls)."""
+    """Send one job as a task (what ``sqs-worker enqueue`` does with WORKER_BACKEND=cloudtasks). A typed
+    ``.enqueue`` does not call it: it sends to SQS whatever WORKER_BACKEND says (README, Producers)."""
     queue_path, task = job_task(settings, queue, job)
     return create_task(client, settings, queue_path, task)

@@ -26,10 +26,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from worker.backends.aws import async_client, client_config, is_transient, translate
+from worker.backends.aws import async_client, client_config, is_transient
 from worker.backends.cloudtasks.auth import Authenticator, KeySet, KeysUnavailable, Unauthorized
 from worker.backends.cloudtasks.contract import MAX_TASK_BODY_BYTES, parse_request
-from worker.backends.cloudtasks.deadletters import PARTITION_KEY, SORT_KEY, DeadLetterStore
+from worker.backends.cloudtasks.deadletters import (
+    PARTITION_KEY,
+    SORT_KEY,
+    DeadLetterStore,
+    translate_dead_letter_error,
+)
 from worker.backends.cloudtasks.runner import RunnerOptions, TaskRunner
 from worker.backends.cloudtasks.settings import CloudTasksSettings, load_cloudtasks_settings
 from worker.errors import ConfigError
@@ -147,7 +152,7 @@ async def check_dead_letter_table(client: Any, table: str) -> None:
     except Exception as exc:
         if is_transient(exc):
             return
-        error = translate(exc, "GetItem", service="dynamodb", resource=table)
+        error = translate_dead_letter_error(exc, "GetItem", table)
         if isinstance(error, ConfigError):
             raise error from exc
         raise ConfigError(f"dead-letter table {table!r}: {error}") from exc
@@ -225,7 +230,7 @@ async def serve_tasks(
         observers.add(metrics)
     try:
         async with open_runner(settings, cloudtasks, registry, observers) as runner:
-            _warn_deadline(registry)
+            _warn_deadline(registry, cloudtasks.dispatch_deadline_s)
             sock = bind(cloudtasks.host, cloudtasks.port)
             config = uvicorn.Config(
                 build_app(runner, auth, health, prometheus=prometheus),
@@ -271,16 +276,11 @@ async def serve_tasks(
         health.close()
 
 
-def _warn_deadline(registry: Registry) -> None:
-    from worker.backends.cloudtasks.contract import MAX_DISPATCH_DEADLINE_S
+def _warn_deadline(registry: Registry, dispatch_deadline_s: int) -> None:
+    from worker.backends.cloudtasks.contract import deadline_warnings
 
-    long = [spec.name for spec in registry.specs() if spec.timeout_s > MAX_DISPATCH_DEADLINE_S]
-    if long:
-        log.warning(
-            "job(s) %s have timeout_s above Cloud Tasks' 30-minute dispatch deadline: Cloud Tasks gives up on them "
-            "earlier and retries while they still run",
-            ", ".join(long),
-        )
+    for warning in deadline_warnings(registry.specs(), dispatch_deadline_s):
+        log.warning("%s", warning)
 
 
 async def _gauges(runner: TaskRunner) -> None:

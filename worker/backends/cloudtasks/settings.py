@@ -45,7 +45,10 @@ class CloudTasksSettings(BaseSettings):
         default=None, description="host:port of a local Cloud Tasks emulator (insecure gRPC, no credentials)."
     )
     dispatch_deadline_s: int = Field(
-        default=600, ge=15, le=1800, description="How long Cloud Tasks waits for an answer (HTTP targets: 15 s-30 min)."
+        default=1800,  # Cloud Tasks' most: above the default timeout_s (900), so default jobs are not retried mid-run
+        ge=15,
+        le=1800,
+        description="How long Cloud Tasks waits for an answer (HTTP targets: 15 s-30 min).",
     )
     dead_letter_write_s: float = Field(
         default=60.0, gt=0, description="How long a request keeps trying to write its dead-letter record."
