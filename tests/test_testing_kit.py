@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from worker import JobContext, PermanentError, RetryableError
+from worker import Breaker, JobContext, PermanentError, RetryableError
 from worker.enqueue import job_ref
 from worker.errors import ConfigError
 from worker.jobs import Registry
@@ -181,3 +181,63 @@ def test_long_delays_and_run_at_pass_at_once(delay: dict[str, int]) -> None:
     result = kit.run_until_idle(timeout_s=10)
     assert sent == ["ada@example.com"]
     assert result.succeeded == 1 and kit.counts().total == 0
+
+
+def test_rate_limit_holds_pass_on_the_skipping_clock_and_lose_nothing_on_fifo() -> None:
+    """A rate limit's hold is a delay like a backoff: the clock skips it, and the gate sees that time pass (it did
+    not: the held messages came back at once, again and again, until the redrive policy took them)."""
+    registry = Registry()
+    starts: list[tuple[int, int, int]] = []
+
+    @registry.job("limited", rate_limit="1/m")
+    async def limited(payload: dict[str, int], ctx: JobContext) -> None:
+        starts.append((payload["id"], ctx.attempt, ctx.receive_count))
+
+    kit = InMemoryWorker(registry, queue="jobs.fifo")
+    for n in range(2):
+        kit.enqueue("limited", {"id": n}, group_id=f"g{n}")
+    result = kit.run_until_idle(timeout_s=20)
+    assert (result.succeeded, result.dead_lettered) == (2, 0)
+    assert sorted(n for n, _, _ in starts) == [0, 1]
+    assert all(attempt == 1 and receives <= 3 for _, attempt, receives in starts), starts  # held once or twice
+    # The second start is about 61 s after the first: skipped but for its reserved start (at most 5 s ahead), which
+    # is waited in real time.
+    assert 50 <= result.skipped_s <= 120
+
+
+def test_a_breaker_cooldown_passes_on_the_skipping_clock() -> None:
+    registry = Registry()
+    runs: list[tuple[str, int]] = []
+
+    @registry.job("down", max_attempts=1, breaker=Breaker(failures=1, window_s=60, cooldown_s=40))
+    async def down(payload: dict[str, Any], ctx: JobContext) -> None:
+        runs.append((payload["id"], ctx.receive_count))
+        if payload["fail"]:
+            raise RuntimeError("down")
+
+    kit = InMemoryWorker(registry, concurrency=1)
+    kit.enqueue("down", {"id": "fail", "fail": True})
+    kit.enqueue("down", {"id": "ok", "fail": False}, delay_s=1)  # arrives while the breaker is open
+    result = kit.run_until_idle(timeout_s=20)
+    assert (result.succeeded, result.dead_lettered) == (1, 1)
+    [receives] = [count for job_id, count in runs if job_id == "ok"]
+    assert receives <= 4, runs  # held through the cooldown a few times, not once per skipped second
+    assert 39 <= result.skipped_s <= 200
+
+
+def test_a_workflow_started_inside_the_kit_is_refused_not_sent_to_aws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """chain/group .start() would write to DynamoDB and send to SQS: inside the kit it says so instead (it had
+    sent the first step to whatever queue the shell's AWS variables named, and the kit ran nothing)."""
+    from worker.producer import Job
+    from worker.workflows import chain, group
+
+    monkeypatch.setenv("WORKER_QUEUE", "jobs")
+    monkeypatch.setenv("WORKER_IDEMPOTENCY_TABLE", "ledger")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")  # were it reached: a refused connection, not AWS
+    kit = InMemoryWorker(Registry())
+    with kit.producing():
+        with pytest.raises(ConfigError, match="the kit does not run workflows"):
+            chain(Job("a", {}), Job("b", {})).start()
+        with pytest.raises(ConfigError, match="the kit does not run workflows"):
+            group([Job("a", {})], callback=Job("b", {})).start()
+    assert kit.counts().total == 0

@@ -145,6 +145,14 @@ def use_producer(producer: Producer) -> Iterator[Producer]:
         _current.reset(token)
 
 
+def producer_in_use() -> Producer | None:
+    """What ``use_producer`` set (in this context, else last in any), or None: the settings' SQS then."""
+    producer = _current.get()
+    if producer is not None:
+        return producer
+    return _installed[-1] if _installed else None
+
+
 def current_producer() -> Producer:
     """The producer ``.enqueue`` uses now: ``use_producer``'s, else an SQSProducer for the settings as they are
     now (``WORKER_QUEUE`` and the AWS variables; one per queue and endpoint, made once)."""

@@ -178,7 +178,8 @@ class Worker:
         #: What the registry's lifespans yielded, while ``run`` runs (``ctx.resources``).
         self.resources = Resources()
         #: Rate limits and circuit breakers (worker.flow): shared through the table, or this worker's own.
-        self.gate = gate if gate is not None else Gate()
+        #: On the worker's clock: the in-memory kit's skips pass for the gate's windows and cooldowns too.
+        self.gate = gate if gate is not None else Gate(now_ms=lambda: int(clock.time() * 1000))
         self.gate.on_change = lambda change: self.observers.emit(change_event(change, self.queue.name))
 
     # ----------------------------------------------------------------------------------------------- running

@@ -31,6 +31,7 @@ from typing import Any
 from worker.backends.memory import MemoryBroker, MemoryQueue, QueueCounts
 from worker.enqueue import MemoryProducer, use_producer
 from worker.errors import ConfigError
+from worker.flow.gate import Gate
 from worker.idempotency import Ledger, Record, parse_record
 from worker.idempotency.memory import MemoryStore
 from worker.jobs import Registry, default_registry
@@ -156,6 +157,9 @@ class InMemoryWorker:
             visibility_timeout_s=visibility_timeout_s,
         )
         self.store = MemoryStore()
+        #: Rate limits and circuit breakers, on the queue's clock (its skips pass for them too), kept across runs
+        #: as a fleet's table keeps them.
+        self.gate = Gate(owner="memory-worker", now_ms=lambda: int(self.broker.clock.time() * 1000))
         self.producer = MemoryProducer(self.queue)
         self.options = RuntimeOptions(
             concurrency=concurrency, visibility_timeout_s=visibility_timeout_s, shutdown_grace_s=5.0, poll_wait_s=1
@@ -212,6 +216,7 @@ class InMemoryWorker:
             options=self.options,
             observers=Observers([recorder, *self._observers]),
             ledger=Ledger(store=self.store, owner="memory-worker", clock=self.broker.clock.time),
+            gate=self.gate,
             clock=self.broker.clock,
         )
         stop = asyncio.Event()

@@ -47,8 +47,14 @@ def resolve_target(
 ) -> Target:
     """Fill what is not given from the settings (WORKER_QUEUE, WORKER_IDEMPOTENCY_TABLE) and the AWS variables."""
     from worker.backends.aws import resolve_queue_url_sync
+    from worker.enqueue import MemoryProducer, producer_in_use
     from worker.settings import load_settings
 
+    if sqs is None and isinstance(producer_in_use(), MemoryProducer):
+        raise ConfigError(
+            "chain/group .start() inside the in-memory test kit would reach SQS and DynamoDB: the kit does not run "
+            "workflows. Test each step's handler in the kit; run workflows on ./scripts/dev's local AWS"
+        )
     if queue is None or table is None:
         settings = load_settings(queue=queue) if queue else load_settings()
         queue = queue or settings.queue
