@@ -393,6 +393,22 @@ BREAKAGES: tuple[Breakage, ...] = (
         "        if False:  # MUTANT\n",
         ("tests/test_acknowledged_copies.py::test_a_copy_of_a_job_that_ended_here_is_deleted_not_run_again",),
     ),
+    Breakage(
+        "h1",
+        "a supervisor's processes serve their health on every interface, not loopback",
+        "worker/runtime/supervisor.py",
+        '            WORKER_LISTEN_HOST="127.0.0.1",  # the supervisor alone answers from outside\n',
+        "",
+        ("tests/test_processes.py::test_a_killed_child_is_restarted_and_health_answers_for_the_group",),
+    ),
+    Breakage(
+        "b1",
+        "a burst long-polls WORKER_POLL_WAIT_S (its abandoned polls take jobs sent after it ended)",
+        "worker/commands/core.py",
+        "    settings = burst_settings(settings)\n",
+        "",
+        ("tests/test_burst.py::test_burst_on_an_empty_queue_exits_at_once",),
+    ),
 )
 
 

@@ -16,7 +16,7 @@ from tests.support.harness import drain, sqs_client
 from tests.support.process import ROOT, bootstrapped_queue, cli, lines, wait_until
 from tests.support.queues import assert_queue_empty, queue_counts
 from worker.errors import ConfigError
-from worker.runtime.burst import idle_limit_s
+from worker.runtime.burst import burst_settings, idle_limit_s
 from worker.runtime.service import run_loop
 from worker.settings import WorkerSettings
 
@@ -87,12 +87,21 @@ def test_uvloop_asked_for_but_not_installed_is_a_config_error(monkeypatch: pytes
 
 @pytest.mark.parametrize("processes", ["1", "2"])
 def test_burst_on_an_empty_queue_exits_at_once(backend: Backend, tmp_path: Path, processes: str) -> None:
-    env, _ = burst_env(backend, tmp_path, WORKER_PROCESSES=processes)  # a burst is one process, whatever the setting
+    # A burst is one process, whatever the setting; its long polls last 1 s, whatever WORKER_POLL_WAIT_S says.
+    env, _ = burst_env(backend, tmp_path, WORKER_PROCESSES=processes, WORKER_POLL_WAIT_S="20")
     started = time.monotonic()
     result = cli("run", "--burst", env=env, timeout_s=60)
     assert result.returncode == 0, result.stderr
     assert summary_lines(result.stdout) == ["burst done: 0 succeeded, 0 retried, 0 dead-lettered; queue empty"]
     assert time.monotonic() - started < 30  # a few polls, not a wait for the bound
+    # Its receives long-poll 1 s, not WORKER_POLL_WAIT_S (20): when it ends, the polls it abandons close within a
+    # second at SQS, instead of taking a job sent meanwhile for a visibility timeout (and counting a run).
+    assert "long polls of 1 s" in result.stderr
+
+
+def test_a_burst_long_polls_at_most_a_second() -> None:
+    assert burst_settings(WorkerSettings(queue="q")).poll_wait_s == 1
+    assert burst_settings(WorkerSettings(queue="q", poll_wait_s=0)).poll_wait_s == 0
 
 
 def test_burst_gives_up_on_a_message_it_cannot_get_and_exits_1(backend: Backend, tmp_path: Path) -> None:

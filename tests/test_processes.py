@@ -130,6 +130,11 @@ def test_a_killed_child_is_restarted_and_health_answers_for_the_group(backend: B
         wait_until(lambda: len(children(worker.pid) - first) == 1, 30, "the child to be started again")
         wait_until(lambda: get(port, "/readyz")[0] == 200, 60, "the group to be ready again")
         assert "exited with -9" in log.read_text()
+        # The supervisor answers from outside; each process only on loopback (for the supervisor's probes).
+        serving = [line for line in log.read_text().splitlines() if "serving /healthz" in line]
+        assert any(f"0.0.0.0:{port}" in line for line in serving), serving
+        children_serving = [line for line in serving if f":{port}" not in line]
+        assert len(children_serving) >= 3 and all("on 127.0.0.1:" in line for line in children_serving), serving
         send(backend, url, range(6), seconds=0)
         wait_until(lambda: len(effects(tmp_path, "end")) == 6, 60, "the jobs after the restart")
     finally:

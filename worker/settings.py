@@ -118,6 +118,11 @@ class WorkerSettings(BaseSettings):
         description="Comma-separated field names whose values are redacted wherever they appear in logs.",
     )
     health_port: int | None = Field(default=None, ge=0, le=65_535, description="Serve /healthz and /readyz here.")
+    listen_host: str = Field(
+        default="0.0.0.0",  # noqa: S104 - probes and scrapes come from outside the container  # nosec B104
+        min_length=1,
+        description="The address the health and /metrics ports listen on (a supervisor's processes: 127.0.0.1).",
+    )
     health_file: str = Field(
         default="/tmp/sqs-worker-health",  # noqa: S108 - a liveness timestamp, not a secret; overridable  # nosec B108
         description="File the running worker touches each loop turn; `sqs-worker health --check` reads it.",

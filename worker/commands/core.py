@@ -107,8 +107,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not burst:
         run_loop(settings, serve(settings, default_registry))
         return 0
-    from worker.runtime.burst import Burst
+    from worker.runtime.burst import Burst, burst_settings
 
+    settings = burst_settings(settings)
     watcher = Burst(settings, default_registry)
     run_loop(settings, serve(settings, default_registry, companions=[watcher.watch], extra_observers=[watcher]))
     print(watcher.summary(), flush=True)

@@ -38,6 +38,10 @@ COUNT_ATTRIBUTES = (
 )
 #: How often the queue's counts are read while the worker is idle.
 CHECK_INTERVAL_S = 1.0
+#: A burst's long polls last at most this long (not WORKER_POLL_WAIT_S): when it ends on an empty queue its receives
+#: are abandoned, and SQS keeps each open until its wait is over, handing it whatever is sent meanwhile (that message
+#: then reappears a visibility timeout later, one receive more). With 1 s, a job sent a second after a burst is safe.
+BURST_POLL_WAIT_S = 1
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,11 @@ class Left:
     @property
     def total(self) -> int:
         return self.visible + self.in_flight + self.delayed
+
+
+def burst_settings(settings: WorkerSettings) -> WorkerSettings:
+    """The settings a burst runs with: long polls of at most BURST_POLL_WAIT_S."""
+    return settings.model_copy(update={"poll_wait_s": min(settings.poll_wait_s, BURST_POLL_WAIT_S)})
 
 
 def idle_limit_s(*, visibility_timeout_s: int, backoff_max_s: float, poll_wait_s: int) -> float:

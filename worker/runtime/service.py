@@ -119,7 +119,8 @@ async def serve(
 
 
 async def listen_all(settings: WorkerSettings, routes_by_port: dict[int, dict[str, Route]]) -> list[asyncio.Server]:
-    """Bind every port (all interfaces: probes and scrapes come from outside the container).
+    """Bind every port on ``settings.listen_host`` (all interfaces by default: probes and scrapes come from outside
+    the container; a supervisor's processes listen on loopback, the supervisor answers for them).
 
     A port that cannot be had is a ConfigError naming its setting; the ports bound before it are closed.
     """
@@ -127,7 +128,7 @@ async def listen_all(settings: WorkerSettings, routes_by_port: dict[int, dict[st
     try:
         for port, routes in routes_by_port.items():
             try:
-                servers.append(await listen_http(routes, host="0.0.0.0", port=port))  # noqa: S104 # nosec B104
+                servers.append(await listen_http(routes, host=settings.listen_host, port=port))
             except OSError as exc:
                 reason = os.strerror(exc.errno) if exc.errno else str(exc)
                 raise ConfigError(f"{port_settings(settings, port)}: cannot listen on port {port}: {reason}") from None

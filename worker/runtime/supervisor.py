@@ -326,7 +326,10 @@ class Supervisor:
 
     def _child_env(self, child: Child) -> dict[str, str]:
         env = child_environment(
-            WORKER_PROCESSES="1", WORKER_HEALTH_FILE=child.health_file, **{PROCESS_INDEX_ENV: str(child.index)}
+            WORKER_PROCESSES="1",
+            WORKER_HEALTH_FILE=child.health_file,
+            WORKER_LISTEN_HOST="127.0.0.1",  # the supervisor alone answers from outside
+            **{PROCESS_INDEX_ENV: str(child.index)},
         )
         if child.health_port is not None:
             env["WORKER_HEALTH_PORT"] = str(child.health_port)

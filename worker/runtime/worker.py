@@ -199,11 +199,12 @@ class Worker:
         heartbeat = asyncio.create_task(self.heartbeat.run(), name="heartbeat")
         names = ", ".join(route.queue.name for route in self.routes)
         log.info(
-            "worker started on %s (concurrency %d, %d receive loop%s)",
+            "worker started on %s (concurrency %d, %d receive loop%s, long polls of %d s)",
             names if len(self.routes) == 1 else f"{names} ({self._receivers.policy.mode})",
             self.options.concurrency,
             loops,
             "" if loops == 1 else "s",
+            self.options.poll_wait_s,
             extra={
                 "queue": names,
                 "dlq": ", ".join(route.dlq.name for route in self.routes),
