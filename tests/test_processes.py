@@ -114,6 +114,24 @@ def test_both_processes_consume_and_sigterm_finishes_their_jobs(backend: Backend
     assert_queue_empty(sqs_client(backend.endpoint_url), url)
 
 
+def test_a_second_sigterm_ends_the_group_at_once_with_143(backend: Backend, tmp_path: Path) -> None:
+    """As one process does: the second signal is passed on, the children exit at once, the group exits 128 + 15."""
+    env, url = group(backend, tmp_path, WORKER_CONCURRENCY="1", WORKER_SHUTDOWN_GRACE_S="60")
+    log = tmp_path / "worker.log"
+    worker = start("run", env=env, stderr_path=log)
+    try:
+        wait_until(lambda: len(children(worker.pid)) == 2, 60, "two worker processes")
+        send(backend, url, range(2), seconds=30)
+        wait_until(lambda: len(effects(tmp_path, "start")) == 2, 60, "both jobs to start")
+        worker.send_signal(signal.SIGTERM)
+        wait_until(lambda: "stopping 2 worker processes" in log.read_text(), 10, "the first signal to be handled")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 128 + signal.SIGTERM, log.read_text()
+    finally:
+        stop(worker, log)
+    assert effects(tmp_path, "end") == {}  # cut short, not waited for
+
+
 def test_a_killed_child_is_restarted_and_health_answers_for_the_group(backend: Backend, tmp_path: Path) -> None:
     port = free_port()
     env, url = group(backend, tmp_path, WORKER_HEALTH_PORT=str(port), WORKER_CONCURRENCY="2")

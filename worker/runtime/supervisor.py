@@ -162,6 +162,8 @@ class Supervisor:
         self.metrics: GroupMetrics | None = None  # made by run (a folder)
         self.stop = asyncio.Event()
         self.exit_code = 0
+        #: A signal that came after the first (the children were told to exit at once): the group exits 128 + it.
+        self._second_signal: int | None = None
 
     # ------------------------------------------------------------------------------------- health
 
@@ -243,10 +245,13 @@ class Supervisor:
                 os.unlink(self.settings.health_file)
             self._close_metrics()
         log.info("all worker processes stopped")
+        if self._second_signal is not None and self.exit_code != 2:
+            return 128 + self._second_signal  # as one process exits after a second signal
         return self.exit_code
 
     def _on_signal(self, signum: int) -> None:
         if self.stop.is_set():
+            self._second_signal = signum
             log.warning("second %s: passing it on (children exit at once)", signal.Signals(signum).name)
         else:
             log.info("%s received: stopping %d worker processes", signal.Signals(signum).name, len(self.children))
@@ -321,7 +326,8 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 child.process.kill()
             await waiting
-        if waiting.result() not in (0, -signal.SIGTERM, -signal.SIGINT) and self.exit_code == 0:
+        by_signal = (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT)
+        if waiting.result() != 0 and waiting.result() not in by_signal and self.exit_code == 0:
             self.exit_code = 1
 
     def _child_env(self, child: Child) -> dict[str, str]:
