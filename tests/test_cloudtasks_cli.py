@@ -8,7 +8,6 @@ import json
 import signal
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,16 +18,13 @@ from tests.support.cloudtasks import (
     SECRET,
     Emulator,
     dead_letters,
-    make_dead_letter_table,
     post,
-    serving,
+    refusing_server,
     task_headers,
 )
 from tests.support.process import cli, lines, start, wait_until, worker_env
 from worker.commands.__main__ import main
 from worker.dev.localaws import free_port
-from worker.errors import PermanentError
-from worker.jobs import Registry
 
 
 def cloudtasks_env(emulator: Emulator, queue: str, table: str, port: int, **more: str) -> dict[str, str]:
@@ -102,16 +98,9 @@ async def test_dlq_commands_on_the_dead_letter_table(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    table = await make_dead_letter_table(backend.endpoint_url)
-    queue = tasks_emulator.new_queue()
-    registry = Registry()
-
-    @registry.job("refuse")
-    async def refuse(payload: dict[str, Any]) -> None:
-        raise PermanentError("no such account")
-
     monkeypatch.setenv("AWS_ENDPOINT_URL", backend.endpoint_url)
-    async with serving(registry, queue=queue, dead_letter_table=table, tmp_path=tmp_path) as server:
+    async with refusing_server(backend.endpoint_url, tasks_emulator, tmp_path) as refusing:
+        server, table, queue = refusing.server, refusing.table, refusing.queue
         for name, body in (("t-refuse", b'{"type": "refuse"}'), ("t-bad", b"not json"), ("t-other", b"[]")):
             status, _, _ = await asyncio.to_thread(post, server.url, body, task_headers(name))
             assert status == 200

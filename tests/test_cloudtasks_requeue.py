@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote
 
 import pytest
@@ -18,16 +17,13 @@ from tests.support.cloudtasks import (
     PROJECT,
     Emulator,
     dead_letters,
-    make_dead_letter_table,
     post,
-    serving,
+    refusing_server,
     task_headers,
 )
 from tests.test_cloudtasks_cli import cloudtasks_env
 from worker.backends.cloudtasks.dlq import AUDIT_HEADERS, HEADER_SAFE, audit_headers
 from worker.commands.__main__ import main
-from worker.errors import PermanentError
-from worker.jobs import Registry
 from worker.observability.events import Kind
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -67,16 +63,9 @@ async def test_a_non_latin1_reason_is_requeued_and_delivered(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    table = await make_dead_letter_table(backend.endpoint_url)
-    queue = tasks_emulator.new_queue()
-    registry = Registry()
-
-    @registry.job("refuse")
-    async def refuse(payload: dict[str, Any]) -> None:
-        raise PermanentError("no such account")
-
     monkeypatch.setenv("AWS_ENDPOINT_URL", backend.endpoint_url)
-    async with serving(registry, queue=queue, dead_letter_table=table, tmp_path=tmp_path) as server:
+    async with refusing_server(backend.endpoint_url, tasks_emulator, tmp_path) as refusing:
+        server, table, queue = refusing.server, refusing.table, refusing.queue
         status, _, _ = await asyncio.to_thread(post, server.url, b'{"type": "refuse"}', task_headers("t-refuse"))
         assert status == 200
         for name, value in cloudtasks_env(tasks_emulator, queue, table, server.port).items():

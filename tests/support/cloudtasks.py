@@ -265,6 +265,33 @@ async def serving(
         await asyncio.wait_for(task, timeout=shutdown_grace_s + 30)
 
 
+@dataclass
+class RefusingServer:
+    """``serve-tasks`` whose one job, ``refuse``, fails for good: each task posted to it becomes a dead letter."""
+
+    server: Serving
+    table: str
+    queue: str
+
+
+@contextlib.asynccontextmanager
+async def refusing_server(endpoint_url: str, emulator: Emulator, tmp_path: Any) -> AsyncIterator[RefusingServer]:
+    """A fresh dead-letter table and emulator queue, and ``serve-tasks`` refusing every ``refuse`` job, until the
+    block ends (``AWS_ENDPOINT_URL`` must name ``endpoint_url``: the table lives there)."""
+    from worker.errors import PermanentError
+
+    table = await make_dead_letter_table(endpoint_url)
+    queue = emulator.new_queue()
+    registry = Registry()
+
+    @registry.job("refuse")
+    async def refuse(payload: dict[str, Any]) -> None:
+        raise PermanentError("no such account")
+
+    async with serving(registry, queue=queue, dead_letter_table=table, tmp_path=tmp_path) as server:
+        yield RefusingServer(server, table, queue)
+
+
 def post(url: str, body: bytes, headers: dict[str, str], timeout_s: float = 30.0) -> tuple[int, dict[str, str], Any]:
     """POST and return (status, headers, JSON body), whatever the status (blocking: call via asyncio.to_thread)."""
     import urllib.error
