@@ -53,7 +53,7 @@ variable "queues_mode" {
 }
 
 variable "redrive_allow_policy" {
-  description = "moto does not store a DLQ's RedriveAllowPolicy (the provider would wait for it forever): false there, true on LocalStack."
+  description = "Keep false on emulators: moto does not store a DLQ's RedriveAllowPolicy, and LocalStack keeps an empty one after it is removed (apply or destroy would wait for it forever)."
   type        = bool
   default     = false
 }
