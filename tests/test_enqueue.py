@@ -96,6 +96,27 @@ async def test_a_lone_surrogate_raises_config_error_and_sends_nothing(backend: B
     assert message_count(client, queues.queue_url) == 0
 
 
+@pytest.mark.memory
+async def test_a_payload_the_worker_would_refuse_is_not_sent(backend: Backend, queues: Created) -> None:
+    """Nesting deeper than 100, an integer of more than 4,300 digits: the worker would dead-letter the message as
+    invalid_message on its first receive; every producer refuses it instead, as the CLI does."""
+    client = sqs_client(backend.endpoint_url)
+    producer = SQSProducer(client, queues.queue_url)
+    deep: Any = []
+    for _ in range(150):
+        deep = [deep]
+    refused = "the worker would refuse it.*nothing sent"
+    with pytest.raises(ConfigError, match=refused + "|nests deeper than 100"):
+        job_ref("untyped").enqueue({"x": deep}, producer=producer)
+    with pytest.raises(ConfigError, match="more than 4300 digits"):
+        await job_ref("untyped").enqueue_async({"x": 10**4999}, producer=producer)
+    with pytest.raises(ConfigError, match=refused):
+        job_ref("untyped").enqueue_many([{"a": 1}, {"x": deep}], producer=producer)
+    with pytest.raises(ConfigError, match=refused):
+        producer_enqueue(client, queues.queue_url, Job("untyped", {"x": 10**4999}))
+    assert message_count(client, queues.queue_url) == 0
+
+
 async def test_enqueue_many_batches_ten_per_request(backend: Backend, queues: Created) -> None:
     client = sqs_client(backend.endpoint_url)
     calls: list[int] = []

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from worker.backends.aws import translate
-from worker.envelope import describe_errors, dump_envelope
-from worker.errors import ConfigError
+from worker.envelope import describe_errors, dump_envelope, parse_envelope
+from worker.errors import ConfigError, InvalidMessage
 from worker.flow.delays import DUE_AT_ATTRIBUTE, MAX_DELAY_S, format_due_at, schedule
 from worker.names import queue_name_of
 from worker.observability.tracing import trace_attributes
@@ -68,8 +68,9 @@ def _entry(job: Job, *, fifo: bool) -> dict[str, Any]:
 
 def envelope_body(job: Job) -> str:
     """The envelope of ``job`` as JSON text, for any backend. Raises ConfigError (nothing sent) for a job the
-    envelope refuses and for text that is not valid Unicode (a lone surrogate: UTF-8, and so SQS or a task's body,
-    cannot carry it)."""
+    envelope refuses, for text that is not valid Unicode (a lone surrogate: UTF-8, and so SQS or a task's body,
+    cannot carry it), and for a body the worker would refuse (nesting deeper than 100, an integer of more than
+    4,300 digits)."""
     not_unicode = ConfigError(
         f"job {job.type!r}: the payload holds a string that is not valid Unicode "
         "(a lone surrogate such as '\\ud800'); nothing sent"
@@ -82,6 +83,10 @@ def envelope_body(job: Job) -> str:
         raise not_unicode from None
     if "\ufffd" in body and not _utf8_encodable(job.payload):  # pydantic replaces one in a key: refuse it too
         raise not_unicode
+    try:  # read as the worker reads it: what it would dead-letter as invalid_message is not sent
+        parse_envelope(body)
+    except InvalidMessage as exc:
+        raise ConfigError(f"job {job.type!r}: the worker would refuse it ({exc}); nothing sent") from None
     return body
 
 
