@@ -146,7 +146,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
             max_receive_count=max_receive_count,
             visibility_timeout_s=settings.visibility_timeout_s,
         )
-        print(f"queue:            {created.queue_url}")
+        print(f"queue:             {created.queue_url}")
         print(f"dead-letter queue: {created.dlq_url} (maxReceiveCount {created.max_receive_count})")
     if settings.idempotency_table:
         created_table = asyncio.run(ensure_table(region, settings.idempotency_table))
