@@ -381,8 +381,8 @@ BREAKAGES: tuple[Breakage, ...] = (
         "p5",
         "a prefetched message whose claim ran out unextended (SQS unreachable) is started anyway",
         "worker/runtime/worker.py",
-        "        if not held.lost and held.claim_lapsed(\n",
-        "        if False and held.claim_lapsed(  # MUTANT\n",
+        "        if not held.lost and held.claim_running_out(\n",
+        "        if False and held.claim_running_out(  # MUTANT\n",
         ("tests/test_prefetch.py::test_a_prefetched_message_whose_claim_ran_out_unextended_is_not_started",),
     ),
     Breakage(

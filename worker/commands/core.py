@@ -194,6 +194,8 @@ def sqs_client(region: str) -> Any:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     from worker.backends.aws import resolve_queue_url_sync
+    from worker.envelope import parse_envelope
+    from worker.errors import InvalidMessage
     from worker.producer import Job, enqueue
     from worker.settings import aws_region, load_settings
 
@@ -201,12 +203,14 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--payload is not JSON: {exc.msg}") from None
-    except (RecursionError, ValueError):  # too deep, or an integer of too many digits: named below
-        payload = {}
-    else:
-        if not isinstance(payload, dict):
-            raise ConfigError('--payload must be a JSON object, e.g. \'{"to": "a@example.com"}\'')
-    _refuse_what_the_worker_would(args.type, args.payload)
+    except (RecursionError, ValueError):  # too deep, or an integer of too many digits: the worker's words for it
+        try:
+            parse_envelope(args.payload)  # fails as json.loads did (what it reads, envelope_body checks on sending)
+        except InvalidMessage as refusal:
+            raise ConfigError(f"--payload: the worker would refuse it ({refusal}); nothing sent") from None
+        raise
+    if not isinstance(payload, dict):
+        raise ConfigError('--payload must be a JSON object, e.g. \'{"to": "a@example.com"}\'')
     settings = load_settings()
     payload = _validated(args.type, payload, settings.handlers)
     if settings.backend == "cloudtasks":
@@ -222,18 +226,6 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     )
     print(message_id)
     return 0
-
-
-def _refuse_what_the_worker_would(job_type: str, payload_text: str) -> None:
-    """ConfigError when the worker would dead-letter the message as ``invalid_message`` (nesting deeper than it
-    takes, an integer of too many digits, text that is not valid Unicode), said as the worker says it."""
-    from worker.envelope import parse_envelope
-    from worker.errors import InvalidMessage
-
-    try:
-        parse_envelope('{"type": ' + json.dumps(job_type) + ', "payload": ' + payload_text + "}")
-    except InvalidMessage as exc:
-        raise ConfigError(f"--payload: the worker would refuse it ({exc}); nothing sent") from None
 
 
 def _validated(job_type: str, payload: dict[str, Any], handlers: list[str]) -> dict[str, Any]:

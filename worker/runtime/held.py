@@ -47,10 +47,10 @@ class Held:
     #: The queue it came from and that queue's DLQ (None: the worker's only queue, as its Outcomes know it).
     route: Route | None = field(default=None, repr=False)
 
-    def claim_lapsed(self, now: float, *, margin_s: float) -> bool:
-        """Its claim is lost, or has less than ``margin_s`` left at ``now`` (monotonic): heartbeats extend
-        ``visible_until`` only when SQS answers."""
-        return self.lost or self.visible_until - now <= margin_s
+    def claim_running_out(self, now: float, *, margin_s: float) -> bool:
+        """Its claim has less than ``margin_s`` left at ``now`` (monotonic): heartbeats extend ``visible_until``
+        only when SQS answers."""
+        return self.visible_until - now <= margin_s
 
     def queue_or(self, default: MessageQueue) -> MessageQueue:
         """The queue this message came from (its route's), else ``default``."""

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from worker.backends.aws import content_refused
 from worker.backends.batching import EntryFailed
@@ -40,6 +40,7 @@ from worker.runtime.held import Held
 from worker.runtime.queueset import Route
 
 log = logging.getLogger("worker")
+V = TypeVar("V")
 
 #: While a dead-letter send is retried, the message is kept invisible this long past the next try.
 DEAD_LETTER_HOLD_S = 60
@@ -107,10 +108,7 @@ class Outcomes:
         deleted again rather than run again."""
         await self.settle(held)
         message_id = held.message.message_id
-        self._undeleted.pop(message_id, None)
-        self._undeleted[message_id] = None
-        while len(self._undeleted) > MAX_UNDELETED:
-            self._undeleted.popitem(last=False)
+        _remember(self._undeleted, message_id, None, capacity=MAX_UNDELETED)
         try:
             await held.queue_or(self.queue).delete(held.message.receipt_handle)
         except (EntryFailed, QueueUnavailable) as exc:
@@ -223,9 +221,11 @@ class Outcomes:
             return
         if await self._too_large_for_dlq(held, category):
             return
-        entry = self._remember(
+        entry = _remember(
+            self._decided,
             message.message_id,
             Decided(category, error, held.job_type, message.receipt_handle, workflow_id=held.workflow_id),
+            capacity=MAX_DECIDED,
         )
         attributes = await self._attributes(held, category, error)
         tries, first_try = 0, self.clock.monotonic()
@@ -387,9 +387,11 @@ class Outcomes:
         except (EntryFailed, QueueUnavailable) as exc:
             log.warning("dead-lettered, but the delete failed (a duplicate may follow): %s", exc)
 
-    def _remember(self, message_id: str, entry: Decided) -> Decided:
-        self._decided.pop(message_id, None)
-        self._decided[message_id] = entry
-        while len(self._decided) > MAX_DECIDED:
-            self._decided.popitem(last=False)
-        return entry
+
+def _remember(memory: OrderedDict[str, V], message_id: str, value: V, *, capacity: int) -> V:
+    """Keep ``value`` as ``memory``'s newest entry for ``message_id``; the oldest beyond ``capacity`` are forgotten."""
+    memory.pop(message_id, None)
+    memory[message_id] = value
+    while len(memory) > capacity:
+        memory.popitem(last=False)
+    return value

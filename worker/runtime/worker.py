@@ -362,7 +362,7 @@ class Worker:
         task.add_done_callback(self._jobs.discard)
 
     async def _run_one(self, held: Held) -> bool:
-        if not held.lost and held.claim_lapsed(
+        if not held.lost and held.claim_running_out(
             self.clock.monotonic(), margin_s=min(START_MARGIN_S, self.options.visibility_timeout_s * 0.1)
         ):
             # Prefetched, or behind its FIFO group, while SQS could not be reached to extend its claim.

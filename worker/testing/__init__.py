@@ -149,7 +149,7 @@ class InMemoryWorker:
         self.broker = MemoryBroker()
         self.dlq: MemoryQueue = self.broker.create_queue(default_dlq_name(queue))
         if max_receive_count is None:
-            max_receive_count = max((spec.max_attempts for spec in self.registry.specs()), default=5) + 2
+            max_receive_count = self.registry.max_receive_count()
         self.queue: MemoryQueue = self.broker.create_queue(
             queue,
             dead_letter_queue=self.dlq.name,
