@@ -22,7 +22,8 @@ def _uvicorn() -> Any:
         import uvicorn
     except ImportError as exc:
         raise ConfigError(
-            f"the dashboard needs the 'dashboard' extra ({exc.name} is missing): pip install 'sqs-worker[dashboard]'"
+            f"the dashboard needs the 'dashboard' extra ({exc.name} is missing): install sqs-worker again with it, "
+            "as you installed it (pip install '/path/to/sqs-worker[dashboard]')"
         ) from None
     return uvicorn
 
