@@ -171,3 +171,11 @@ def test_connectivity_is_logged_on_change_only(log_stream: io.StringIO) -> None:
     observer.connectivity(service="sqs", reachable=False)
     observer.connectivity(service="sqs", reachable=True)
     assert [(r["level"], r["event"]) for r in lines(log_stream)] == [("WARNING", "unreachable"), ("INFO", "reachable")]
+
+
+def test_the_first_call_answering_is_not_logged(log_stream: io.StringIO) -> None:
+    observer = LogObserver()
+    observer.connectivity(service="sqs", reachable=True)
+    observer.connectivity(service="sqs", reachable=False)
+    observer.connectivity(service="sqs", reachable=True)
+    assert [(r["level"], r["event"]) for r in lines(log_stream)] == [("WARNING", "unreachable"), ("INFO", "reachable")]

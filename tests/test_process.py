@@ -202,6 +202,7 @@ def test_health_and_prometheus_endpoints_of_a_running_worker(backend: Backend, t
 
     try:
         wait_until(lambda: 'outcome="succeeded"' in get("/metrics")[1], 30, "the job in the scrape")
+        assert 'sqs_worker_endpoint_up{service="sqs"} 1.0' in get("/metrics")[1]  # a sample before any failure
         assert get("/healthz")[0] == 200
         assert get("/readyz")[0] == 200
         health = cli("health", "--check", env=env)

@@ -123,7 +123,7 @@ async def test_worker_survives_an_endpoint_outage(backend: Backend) -> None:
             await running.recorder.wait_for(lambda r: ("sqs", False) in r.connectivity_changes, timeout_s=30)
             await proxy.start()
             await running.recorder.wait_count(Kind.SUCCEEDED, 6, timeout_s=60)
-            assert running.recorder.connectivity_changes == [("sqs", False), ("sqs", True)]
+            assert running.recorder.connectivity_changes == [("sqs", True), ("sqs", False), ("sqs", True)]
     finally:
         await proxy.stop()
     assert sorted(set(seen)) == [1, 2, 3, 4, 5, 6]

@@ -321,9 +321,10 @@ class LogObserver:
         return None  # once a second: metrics, not logs (a stuck thread is logged once by the runtime)
 
     def connectivity(self, *, service: str, reachable: bool) -> None:
-        if self._reachable.get(service) == reachable:
-            return
+        was = self._reachable.get(service)
         self._reachable[service] = reachable
+        if was == reachable or (was is None and reachable):  # the first call answering is no news
+            return
         if reachable:
             self.logger.info("%s reachable", service, extra={"event": "reachable", "service": service})
         else:

@@ -12,7 +12,8 @@ from worker.errors import LedgerUnavailable, QueueUnavailable
 from worker.observability.events import Kind, Observers
 from worker.policy import visibility_cap_s
 from worker.runtime.clock import SYSTEM_CLOCK, Clock
-from worker.runtime.held import Connectivity, Held
+from worker.runtime.connectivity import Connectivity
+from worker.runtime.held import Held
 from worker.runtime.slots import Slots
 from worker.runtime.threads import JobThreads
 

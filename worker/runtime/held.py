@@ -1,5 +1,4 @@
-"""What the worker holds: a received message from its receive until its outcome was applied, and the
-reachability of the endpoints it talks to."""
+"""What the worker holds: a received message from its receive until its outcome was applied."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from worker.backends.protocols import Message, MessageQueue
-from worker.observability.events import Event, Kind, Observers
+from worker.observability.events import Event, Kind
 
 if TYPE_CHECKING:
     from worker.flow.gate import Ticket
@@ -87,24 +86,3 @@ class Held:
     def log_fields(self, queue: str) -> dict[str, Any]:
         name = self.route.queue.name if self.route is not None else queue
         return {"message_id": self.message.message_id, "job_type": self.job_type, "queue": name}
-
-
-class Connectivity:
-    """Reports an endpoint going away and coming back once per change, not once per failed call (the log
-    observer writes one line for each)."""
-
-    def __init__(self, service: str, observers: Observers) -> None:
-        self.service = service
-        self.reachable = True
-        self._observers = observers
-
-    def down(self, error: BaseException) -> None:
-        if self.reachable:
-            self.reachable = False
-            log.debug("%s unreachable: %s", self.service, error)
-            self._observers.connectivity(service=self.service, reachable=False)
-
-    def up(self) -> None:
-        if not self.reachable:
-            self.reachable = True
-            self._observers.connectivity(service=self.service, reachable=True)

@@ -38,6 +38,7 @@ from worker.observability.events import Kind, Observers
 from worker.observability.tracing import attempt_span
 from worker.policy import BUG, EXHAUSTED, PERMANENT, Action, describe_error
 from worker.runtime.clock import SYSTEM_CLOCK, Clock
+from worker.runtime.connectivity import Connectivity
 from worker.runtime.execution import (
     PreparedJob,
     build_context,
@@ -47,7 +48,7 @@ from worker.runtime.execution import (
     result_for_ledger,
 )
 from worker.runtime.heartbeat import EXTEND_BELOW_SHARE, Heartbeat
-from worker.runtime.held import Connectivity, Held
+from worker.runtime.held import Held
 from worker.runtime.outcomes import Outcomes
 from worker.runtime.queueset import Receivers, Route
 from worker.runtime.slots import Slots, receive_loops
@@ -157,8 +158,8 @@ class Worker:
         self._abandoned_until = 0.0
         #: Threads for plain ``def`` handlers: one healthy thread per slot, whatever stuck threads do.
         self._threads = JobThreads(options.concurrency, monotonic=clock.monotonic)
-        self._sqs = Connectivity("sqs", self.observers)
-        self._dynamodb = Connectivity("dynamodb", self.observers)
+        self._sqs = Connectivity("sqs", self.observers, monotonic=clock.monotonic)
+        self._dynamodb = Connectivity("dynamodb", self.observers, monotonic=clock.monotonic)
         self.outcomes = Outcomes(
             queue=self.queue, dlq=self.dlq, observers=self.observers, max_hop_s=options.max_hop_s, clock=clock
         )

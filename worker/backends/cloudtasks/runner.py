@@ -37,6 +37,7 @@ from worker.lifecycle import Resources
 from worker.middleware import call_through
 from worker.observability.events import Event, Kind, Observers
 from worker.policy import BUG, EXHAUSTED, PERMANENT, Action, describe_error
+from worker.runtime.connectivity import Connectivity
 from worker.runtime.execution import (
     PreparedJob,
     build_context,
@@ -45,7 +46,6 @@ from worker.runtime.execution import (
     prepare,
     result_for_ledger,
 )
-from worker.runtime.held import Connectivity
 from worker.runtime.threads import JobThreads
 from worker.runtime.worker import LEDGER_RETRY_S, THREAD_FINISH_WAIT_S
 
@@ -98,7 +98,7 @@ class TaskRunner:
         self._jobs: set[asyncio.Task[Reply]] = set()
         self._decided: OrderedDict[str, tuple[str, str, str | None, int]] = OrderedDict()
         self.stopping = False
-        self._dynamodb = Connectivity("dynamodb", self.observers)
+        self._dynamodb = Connectivity("dynamodb", self.observers, monotonic=time.monotonic)
 
     # ------------------------------------------------------------------------------------------- the edge
 
