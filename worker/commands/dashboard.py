@@ -2,7 +2,8 @@
 
 Listens on 127.0.0.1:8181 unless WORKER_DASHBOARD_HOST/PORT say otherwise; any other address needs
 WORKER_DASHBOARD_TOKEN (or WORKER_DASHBOARD_TRUST_ALB_OIDC=true behind an ALB that authenticates users).
-Read-only unless WORKER_DASHBOARD_ACTIONS=true. Needs the 'dashboard' extra: pip install '/path/to/sqs-worker[dashboard]'.
+Read-only unless WORKER_DASHBOARD_ACTIONS=true. Needs the 'dashboard' extra:
+pip install '/path/to/sqs-worker[dashboard]'.
 """
 
 from __future__ import annotations
