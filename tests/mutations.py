@@ -97,7 +97,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "e2",
         "shutdown does not release jobs cancelled after the grace period",
-        "worker/runtime/worker.py",
+        "worker/runtime/processing.py",
         'await self.outcomes.hold_back(held, self._release_delay_s(), "cancelled at shutdown")',
         "pass  # MUTANT",
         (
@@ -125,7 +125,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "g",
         "ledger completion skipped",
-        "worker/runtime/worker.py",
+        "worker/runtime/processing.py",
         "fenced_ok = await self._complete_claim(held.claim, result_for_ledger(result))",
         "fenced_ok = True",
         ("tests/test_idempotency_runtime.py::test_an_idempotent_job_costs_two_writes",),
@@ -149,7 +149,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "i2",
         "backoff without jitter (the runtime ignores its random source)",
-        "worker/runtime/worker.py",
+        "worker/runtime/processing.py",
         "max_attempts=job.spec.max_attempts, rng=self._rng",
         "max_attempts=job.spec.max_attempts, rng=random.Random(1)",
         ("tests/test_guards.py::test_retry_delays_are_drawn_from_the_workers_random_source",),
@@ -181,7 +181,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "l",
         "a completed key runs again",
-        "worker/runtime/worker.py",
+        "worker/runtime/processing.py",
         'if claim.outcome == "completed":',
         'if claim.outcome == "completed" and False:',
         ("tests/test_idempotency_runtime.py::test_a_duplicate_of_a_completed_job_is_acknowledged_without_running",),
@@ -214,7 +214,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "n2",
         "a copy of a message decided dead runs again (the runtime forgets the decision)",
-        "worker/runtime/worker.py",
+        "worker/runtime/processing.py",
         "decided = self.outcomes.decided(message.message_id)",
         "decided = None  # MUTANT",
         ("tests/test_hostile_input.py::test_a_copy_of_a_dead_lettered_message_never_runs_again",),
@@ -222,7 +222,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "o",
         "shutdown releases a message whose plain def handler still runs in its thread",
-        "worker/runtime/worker.py",
+        "worker/runtime/processing.py",
         "if self._threads.is_running(held):",
         "if False:  # MUTANT",
         ("tests/test_runtime_threads.py::test_shutdown_never_releases_a_sync_job_whose_thread_still_runs",),
@@ -388,7 +388,7 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "a1",
         "a message whose job ended here comes back before its delete went through and is run again",
-        "worker/runtime/worker.py",
+        "worker/runtime/processing.py",
         "        if self.outcomes.acknowledged(message.message_id):\n",
         "        if False:  # MUTANT\n",
         ("tests/test_acknowledged_copies.py::test_a_copy_of_a_job_that_ended_here_is_deleted_not_run_again",),

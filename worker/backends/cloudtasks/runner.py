@@ -46,8 +46,9 @@ from worker.runtime.execution import (
     prepare,
     result_for_ledger,
 )
+from worker.runtime.processing import LEDGER_RETRY_S
 from worker.runtime.threads import JobThreads
-from worker.runtime.worker import LEDGER_RETRY_S, THREAD_FINISH_WAIT_S
+from worker.runtime.worker import THREAD_FINISH_WAIT_S
 
 if TYPE_CHECKING:
     from worker.idempotency import Claim, Ledger
