@@ -92,6 +92,7 @@ def test_exhausted_and_invalid_payloads_reach_the_dlq_with_their_category() -> N
     assert categories == ["exhausted", "invalid_message", "invalid_payload"]
     exhausted = next(dead for dead in result.dead_letters if dead.category == "exhausted")
     assert exhausted.attempts == 3 and exhausted.error_message == "ConnectionError: refused"
+    assert exhausted.receive_count == 3 == int(exhausted.attributes["receive_count"])
 
 
 def test_idempotency_keys_run_a_job_once() -> None:

@@ -66,7 +66,16 @@ class DeadLetter:
 
     @property
     def attempts(self) -> int | None:
-        value = self.attributes.get("attempts")
+        """``attempts``: the handler's runs of the job (None without a record)."""
+        return self._count("attempts")
+
+    @property
+    def receive_count(self) -> int | None:
+        """``receive_count``: the job's receives in all, runs and holds (None without a record)."""
+        return self._count("receive_count")
+
+    def _count(self, name: str) -> int | None:
+        value = self.attributes.get(name)
         return int(value) if value is not None else None
 
     @property
