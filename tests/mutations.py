@@ -402,6 +402,32 @@ BREAKAGES: tuple[Breakage, ...] = (
         ("tests/test_connectivity.py::test_failed_calls_between_successes_are_no_outage",),
     ),
     Breakage(
+        "x1",
+        "a handler's SystemExit (or KeyboardInterrupt, GeneratorExit) escapes its job and stops the worker",
+        "worker/runtime/execution.py",
+        "    except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:\n",
+        "    except ZeroDivisionError as exc:  # MUTANT\n",
+        ("tests/test_handler_boundary.py::test_a_handler_exiting_fails_its_job_not_the_worker",),
+    ),
+    Breakage(
+        "x2",
+        "a downstream call's TimeoutError is reported as the handler running past its timeout_s",
+        "worker/runtime/execution.py",
+        "            if scope.expired():\n",
+        "            if True:  # MUTANT\n",
+        (
+            "tests/test_handler_boundary.py::test_a_downstream_timeout_keeps_its_own_text_and_the_workers_names_timeout_s",
+        ),
+    ),
+    Breakage(
+        "x3",
+        "an async handler's time left counts from before the middleware",
+        "worker/runtime/execution.py",
+        "        context.deadline_monotonic = time.monotonic() + timeout_s\n        scope = ",
+        "        scope = ",
+        ("tests/test_handler_boundary.py::test_time_left_counts_from_the_handlers_start_after_the_middleware",),
+    ),
+    Breakage(
         "h1",
         "a supervisor's processes serve their health on every interface, not loopback",
         "worker/runtime/supervisor.py",

@@ -113,6 +113,25 @@ def test_bad_registrations_are_config_errors() -> None:
         async def other(payload: dict[str, Any]) -> None: ...
 
 
+@pytest.mark.parametrize(
+    ("name", "options", "fragment"),
+    [
+        ("", {}, "must be 1-256 characters"),
+        ("t" * 257, {}, "must be 1-256 characters"),
+        ("nan", {"timeout_s": float("nan")}, "timeout_s must be a finite number > 0"),
+        ("inf", {"timeout_s": float("inf")}, "timeout_s must be a finite number > 0"),
+        ("zero", {"timeout_s": 0}, "timeout_s must be a finite number > 0"),
+        ("base", {"backoff_base_s": float("nan")}, "must be finite numbers >= 0"),
+        ("cap", {"backoff_max_s": -1}, "must be finite numbers >= 0"),
+    ],
+)
+def test_a_job_the_envelope_could_not_name_or_time_is_refused(name: str, options: Any, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+
+        @Registry().job(name, **options)
+        async def handler(payload: dict[str, Any]) -> None: ...
+
+
 def test_prepare_categories() -> None:
     registry = Registry()
 

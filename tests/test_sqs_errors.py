@@ -85,6 +85,8 @@ def test_an_html_error_page_is_one_short_line() -> None:
     assert describe(error) == "HTTP 500 (Internal Server Error)"
     line = str(translate(error, "StartMessageMoveTask"))
     assert line == "StartMessageMoveTask failed: HTTP 500 (Internal Server Error)"
+    # The JSON protocol drops an HTML body and keeps the status line's reason: the same line.
+    assert describe(client_error("500", 500, "Internal Server Error")) == "HTTP 500 (Internal Server Error)"
     long_text = client_error("InvalidParameterValue", 400, "x " * 500 + "\n second line")
     assert "\n" not in describe(long_text)
     assert len(describe(long_text)) <= 200

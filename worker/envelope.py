@@ -19,6 +19,10 @@ UNKNOWN_TYPE = "unknown_type"
 INVALID_PAYLOAD = "invalid_payload"
 
 
+#: The longest job type the envelope takes (and ``@job`` registers).
+MAX_TYPE_LENGTH = 256
+
+
 class WorkflowRef(BaseModel):
     """Where a message stands in a workflow (``worker.workflows``): set by ``chain``/``group``, not by hand."""
 
@@ -37,7 +41,7 @@ class Envelope(BaseModel):
     # NaN and +-Infinity go out as Python's json writes them (the worker reads them back), not as null.
     model_config = ConfigDict(extra="forbid", title="sqs-worker message envelope", ser_json_inf_nan="constants")
 
-    type: str = Field(min_length=1, max_length=256, description="The job type a handler is registered for.")
+    type: str = Field(min_length=1, max_length=MAX_TYPE_LENGTH, description="The job type a handler is registered for.")
     payload: dict[str, Any] = Field(default_factory=dict, description="The job's arguments, a JSON object.")
     idempotency_key: str | None = Field(
         default=None,

@@ -7,12 +7,15 @@ The tree::
     ├── QueueUnavailable             the SQS endpoint cannot be reached or keeps failing
     ├── LedgerUnavailable            the idempotency table cannot be reached (fail closed)
     ├── InvalidMessage               a message that is not a valid envelope (carries its category)
+    ├── JobTimeout                   the job's ``timeout_s`` ran out (also a TimeoutError); retried
     └── JobError                     raised by handlers to say what to do with the job
         ├── PermanentError           never retried: dead-lettered at once as ``permanent``
         └── RetryableError           retried, optionally after ``delay_s`` (for example a Retry-After)
 """
 
 from __future__ import annotations
+
+import math
 
 
 class WorkerError(Exception):
@@ -44,6 +47,15 @@ class InvalidMessage(WorkerError):
         self.job_type = job_type
 
 
+class JobTimeout(WorkerError, TimeoutError):
+    """The worker's own timeout for a handler fired: the job ran longer than its ``timeout_s`` (a TimeoutError
+    a handler raises itself, a downstream call's, keeps its own type and text)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"the handler ran longer than timeout_s={timeout_s:g}")
+        self.timeout_s = timeout_s
+
+
 class JobError(WorkerError):
     """Base of the exceptions a handler raises on purpose."""
 
@@ -57,6 +69,6 @@ class RetryableError(JobError):
 
     def __init__(self, message: str = "", *, delay_s: float | None = None) -> None:
         super().__init__(message)
-        if delay_s is not None and delay_s < 0:
-            raise ValueError("delay_s must be >= 0")
+        if delay_s is not None and not (math.isfinite(delay_s) and delay_s >= 0):
+            raise ValueError(f"delay_s must be a finite number >= 0, not {delay_s!r}")
         self.delay_s = delay_s

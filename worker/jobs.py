@@ -8,6 +8,7 @@ import importlib
 import importlib.machinery
 import inspect
 import logging
+import math
 import sys
 import traceback
 import typing
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, ca
 from pydantic import BaseModel
 
 from worker.context import JobContext
+from worker.envelope import MAX_TYPE_LENGTH
 from worker.errors import ConfigError
 from worker.flow import Breaker, Rate, parse_rate
 from worker.lifecycle import Lifespan, add_lifespan
@@ -118,12 +120,17 @@ class JobSpec:
     is_async: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:
+        if not 1 <= len(self.name) <= MAX_TYPE_LENGTH:
+            raise ConfigError(f"job type {self.name[:40]!r}: must be 1-{MAX_TYPE_LENGTH} characters, as the envelope's")
         if self.max_attempts < 1:
             raise ConfigError(f"job {self.name!r}: max_attempts must be >= 1")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"job {self.name!r}: timeout_s must be > 0")
-        if self.backoff_base_s < 0 or self.backoff_max_s < 0:
-            raise ConfigError(f"job {self.name!r}: backoff_base_s and backoff_max_s must be >= 0")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError(f"job {self.name!r}: timeout_s must be a finite number > 0")
+        if (
+            not (math.isfinite(self.backoff_base_s) and math.isfinite(self.backoff_max_s))
+            or min(self.backoff_base_s, self.backoff_max_s) < 0
+        ):
+            raise ConfigError(f"job {self.name!r}: backoff_base_s and backoff_max_s must be finite numbers >= 0")
 
     @property
     def uses_ledger(self) -> bool:

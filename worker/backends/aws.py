@@ -218,7 +218,7 @@ def describe(exc: BaseException) -> str:
         if page is not None:
             return page
         if not code or code == str(status):
-            return one_line(f"HTTP {status}: {message}" if message else f"HTTP {status}")
+            return one_line(f"HTTP {status} ({message})" if message else f"HTTP {status}")
         return one_line(f"{code}: {message}" if message else code)
     if isinstance(exc, EndpointConnectionError):
         return f"cannot connect to {exc.kwargs.get('endpoint_url', 'the endpoint')}"

@@ -16,10 +16,10 @@ from pydantic import BaseModel, ValidationError
 
 from worker.context import JobContext, ProgressSink
 from worker.envelope import INVALID_PAYLOAD, UNKNOWN_TYPE, Envelope, describe_errors, parse_envelope
-from worker.errors import InvalidMessage
+from worker.errors import InvalidMessage, JobTimeout
 from worker.jobs import JobSpec, Registry
 from worker.lifecycle import Resources
-from worker.policy import Decision, classify_failure, describe_error, error_text
+from worker.policy import Decision, classify_failure, describe_error
 from worker.runtime.threads import JobThreads
 
 
@@ -91,18 +91,43 @@ def build_context(
     return context
 
 
-async def call_handler(job: PreparedJob, context: JobContext, threads: JobThreads, *, owner: object = None) -> Any:
-    """Call the handler with its payload (and context), bounded by the job's timeout.
+class HandlerExit(Exception):
+    """A handler raised SystemExit, KeyboardInterrupt or GeneratorExit: the job's failure (retried like any other
+    exception), never the worker's exit."""
 
-    A plain ``def`` handler runs in one of ``threads``; its timeout (and ``ctx.time_left_s()``) counts from the
-    moment its thread starts it. On timeout its thread cannot be stopped: it runs on as a stuck thread while
-    the job is treated as timed out. ``owner`` names the call for ``threads.is_running(owner)``.
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(describe_error(error))
+        self.error = error
+
+
+async def call_handler(job: PreparedJob, context: JobContext, threads: JobThreads, *, owner: object = None) -> Any:
+    """Call the handler with its payload (and context), bounded by the job's timeout (JobTimeout when it runs out).
+
+    Its timeout (and ``ctx.time_left_s()``) counts from the handler's start, after the middleware before it; a
+    plain ``def`` handler's from the moment its thread starts it. On timeout its thread cannot be stopped: it
+    runs on as a stuck thread while the job is treated as timed out. ``owner`` names the call for
+    ``threads.is_running(owner)``. A handler that raises SystemExit, KeyboardInterrupt or GeneratorExit fails
+    its job (HandlerExit): it cannot stop the worker.
     """
+    try:
+        return await _call_handler(job, context, threads, owner=owner)
+    except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+        raise HandlerExit(exc) from exc
+
+
+async def _call_handler(job: PreparedJob, context: JobContext, threads: JobThreads, *, owner: object) -> Any:
     args: tuple[Any, ...] = (job.payload, context) if job.spec.wants_context else (job.payload,)
     timeout_s = job.spec.timeout_s
     if job.spec.is_async:
-        async with asyncio.timeout(timeout_s):  # in this task: wait_for would start another one per job
-            return await job.spec.handler(*args)
+        context.deadline_monotonic = time.monotonic() + timeout_s
+        scope = asyncio.timeout(timeout_s)  # in this task: wait_for would start another one per job
+        try:
+            async with scope:
+                return await job.spec.handler(*args)
+        except TimeoutError:
+            if scope.expired():
+                raise JobTimeout(timeout_s) from None
+            raise  # the handler's own (a downstream call timed out)
     handler = job.spec.handler
 
     def call() -> Any:
@@ -133,8 +158,10 @@ def judge_failure(
         backoff_max_s=spec.backoff_max_s,
         rng=rng,
     )
-    if isinstance(error, TimeoutError) and not error_text(error):
-        text = f"TimeoutError: the handler ran longer than timeout_s={spec.timeout_s:g}"
+    if isinstance(error, JobTimeout):
+        text = f"TimeoutError: {error}"
+    elif isinstance(error, HandlerExit):
+        text = f"{error} (raised by the handler; the worker does not exit)"
     elif isinstance(error, asyncio.CancelledError):
         text = describe_error(error) + " (raised by the handler itself)"
     else:

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, TypeVar, cast
 
+from worker.errors import JobTimeout
+
 log = logging.getLogger("worker")
 
 T = TypeVar("T")
@@ -104,7 +106,7 @@ class JobThreads:
     async def run(
         self, fn: Callable[[], T], *, timeout_s: float, owner: object = None, log_fields: dict[str, Any] | None = None
     ) -> T:
-        """Run ``fn`` in a thread; raise TimeoutError when it runs longer than ``timeout_s`` after its start.
+        """Run ``fn`` in a thread; raise JobTimeout (a TimeoutError) when it runs past ``timeout_s`` from its start.
 
         On a timeout or a cancellation the thread runs on as a stuck thread and a replacement starts. ``owner``
         names the call for :meth:`is_running`; ``log_fields`` go on the log lines about it.
@@ -134,7 +136,7 @@ class JobThreads:
         if call.done.done():
             return cast(T, call.done.result())
         self._give_up(call, f"ran past its timeout_s={timeout_s:g}")
-        raise TimeoutError
+        raise JobTimeout(timeout_s)
 
     async def _cancelled(self, call: _Call) -> Any:
         """The call's waiter was cancelled while its thread runs. Within :meth:`wait_on_cancel`'s window, keep
