@@ -128,7 +128,7 @@ async def test_dlq_commands_on_the_dead_letter_table(
         "refuse",
         '{"type": "refuse"}',
     )
-    assert (await asyncio.to_thread(run, "dlq", "show", "missing"))[0] == 1
+    assert (await asyncio.to_thread(run, "dlq", "show", "missing"))[0] == 3
     code, out, _ = await asyncio.to_thread(run, "dlq", "requeue", "t-refuse", "--reason", "account fixed")
     assert code == 0 and out.startswith("requeued t-refuse as ")
     [task] = tasks_emulator.tasks(queue)

@@ -210,7 +210,7 @@ def test_show_by_original_id(backend: Backend, queues: Created, capsys: pytest.C
     assert shown["message_attributes"]["tenant"] == "t1"
     assert shown["category"] == "bug"
     code, _, err = run_cli(capsys, "dlq", "show", "no-such-id")
-    assert code == 1
+    assert code == 3
     assert "no dead letter" in err
     assert count(backend.endpoint_url, queues.dlq_url) == 6
 

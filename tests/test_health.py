@@ -193,3 +193,27 @@ async def test_health_file_is_removed_even_when_a_companion_fails(
             loop.remove_signal_handler(signum)
     assert written == [True]
     assert not health_file.exists(), "the liveness file outlived the worker"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"health_file": "{tmp}/a-file/health"}, "WORKER_HEALTH_FILE={tmp}/a-file/health: cannot write the liveness"),
+        ({"listen_host": "not a host", "health_port": 0}, "WORKER_LISTEN_HOST=not a host: not an address to listen on"),
+    ],
+    ids=["health-file", "listen-host"],
+)
+async def test_a_start_setting_that_cannot_work_stops_the_start_naming_it(
+    tmp_path: Path, overrides: dict[str, object], fragment: str
+) -> None:
+    """Before the queue is touched (the queue named here does not exist anywhere)."""
+    from worker.errors import ConfigError
+    from worker.jobs import Registry
+    from worker.runtime.service import serve
+
+    (tmp_path / "a-file").write_text("a file, not a folder")
+    values = {key: str(value).replace("{tmp}", str(tmp_path)) for key, value in overrides.items()}
+    settings = WorkerSettings(queue="http://127.0.0.1:9/000000000000/none", metrics="off", **values)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as info:
+        await asyncio.wait_for(serve(settings, Registry()), 30)
+    assert str(info.value).startswith(fragment.replace("{tmp}", str(tmp_path)))

@@ -4,13 +4,16 @@ module of the package reads or writes ``os.environ`` itself (``sqs-worker dev`` 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from worker.dev.server import DEV_QUEUE, DevSettings, exports
 from worker.errors import ConfigError
-from worker.settings import AwsConnection, aws_region, load_settings
+from worker.settings import PROCESS_INDEX_ENV, AwsConnection, aws_region, load_settings, unknown_variables
 
 PACKAGE = Path(__file__).resolve().parents[1] / "worker"
 
@@ -118,3 +121,60 @@ def test_dev_passes_its_endpoint_explicitly_and_prints_every_export(
         "WORKER_IDEMPOTENCY_TABLE": "sqs-worker-dev-idempotency",
         "WORKER_SCHEDULES_FILE": str(tmp_path / "schedules.example.yaml"),
     }
+
+
+def test_unknown_worker_variables_are_named_with_the_setting_they_misspell() -> None:
+    known = ["WORKER_CONCURRENCY", "WORKER_QUEUE", "WORKER_VISIBILITY_TIMEOUT_S"]
+    names = ["WORKER_QUEUE", "WORKER_CONCURENCY", "WORKER_VISIBILTY_TIMEOUT_S", "WORKER_ID", "HOME"]
+    names += ["WORKER_DASHBOARD_TOKEN", "WORKER_CLOUDTASKS_URL", "WORKER_WEBHOOK_SECRET"]  # other classes' families
+    assert unknown_variables(names, known) == [
+        "WORKER_CONCURENCY (did you mean WORKER_CONCURRENCY?)",
+        "WORKER_ID",
+        "WORKER_VISIBILTY_TIMEOUT_S (did you mean WORKER_VISIBILITY_TIMEOUT_S?)",
+    ]
+
+
+def test_the_command_line_warns_once_about_misspelt_variables_and_unparsed_dotenv_lines(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("WORKER_QUEUE=jobs\nthis is not a dotenv line\nWORKER_POLLWAIT_S=3\n")
+    env = {**os.environ, "WORKER_CONCURENCY": "5", "AWS_REGION": "eu-west-1"}
+    env.pop(PROCESS_INDEX_ENV, None)
+    run = subprocess.run(
+        [sys.executable, "-m", "worker.commands", "schema"], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == [
+        "sqs-worker: warning: .env line(s) 2 do not parse (KEY=value): skipped",
+        "sqs-worker: warning: not a setting, ignored: WORKER_CONCURENCY (did you mean WORKER_CONCURRENCY?), "
+        "WORKER_POLLWAIT_S (did you mean WORKER_POLL_WAIT_S?)",
+    ]
+    child = subprocess.run(  # a process the supervisor started: the supervisor warned already
+        [sys.executable, "-m", "worker.commands", "schema"],
+        env={**env, PROCESS_INDEX_ENV: "1"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert (child.returncode, child.stderr) == (0, "")
+
+
+def test_a_bad_option_is_one_line(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "worker.commands", "enqueue", "x", "--delay-s", "1.5"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2
+    assert run.stderr == (
+        "sqs-worker enqueue: error: argument --delay-s: invalid int value: '1.5' (see sqs-worker enqueue --help)\n"
+    )
+
+
+@pytest.mark.parametrize("namespace", ["", "   ", "AWS/Lambda", "a|b", "x" * 256])
+def test_a_namespace_cloudwatch_would_refuse_stops_the_start(namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_QUEUE", "jobs")
+    monkeypatch.setenv("WORKER_METRICS_NAMESPACE", namespace)
+    with pytest.raises(ConfigError, match=r"^invalid settings: WORKER_METRICS_NAMESPACE: a CloudWatch namespace is"):
+        load_settings()
+    monkeypatch.setenv("WORKER_METRICS_NAMESPACE", "My App/jobs #1: worker-a_b.c")
+    assert load_settings().metrics_namespace == "My App/jobs #1: worker-a_b.c"

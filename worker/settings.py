@@ -9,8 +9,11 @@ worker and botocore agree). Only ``sqs-worker dev`` names an endpoint and creden
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, TypeVar, overload
@@ -20,6 +23,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.errors import ConfigError
 from worker.flow.priorities import Mode, QueueSpec, parse_queue_set
+
+#: The characters of a CloudWatch namespace.
+_NAMESPACE = re.compile(r"[0-9A-Za-z._/#: -]+")
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,10 @@ class WorkerSettings(BaseSettings):
         default=None, ge=1, le=1000, description="Redrive maxReceiveCount for bootstrap; default: max_attempts + 2."
     )
     idempotency_table: str | None = Field(default=None, description="DynamoDB table for idempotency keys.")
-    metrics_namespace: str = Field(default="SqsWorker", description="CloudWatch namespace of the worker's metrics.")
+    metrics_namespace: str = Field(
+        default="SqsWorker",
+        description="CloudWatch namespace of the worker's metrics (letters, digits, . - _ / # : and spaces; not AWS/).",
+    )
     metrics: Literal["emf", "cloudwatch", "off"] = Field(
         default="emf", description="emf: Embedded Metric Format lines on stdout; cloudwatch: batched PutMetricData."
     )
@@ -169,6 +178,17 @@ class WorkerSettings(BaseSettings):
         """The queues to consume, highest priority first: WORKER_QUEUES, else WORKER_QUEUE alone (weight 1)."""
         return self.queues or (QueueSpec(self.queue),)
 
+    @field_validator("metrics_namespace")
+    @classmethod
+    def _cloudwatch_namespace(cls, value: str) -> str:
+        """As CloudWatch takes it: 1-255 of its characters, not only spaces, not AWS's own (``AWS/``)."""
+        if not value.strip() or len(value) > 255 or not _NAMESPACE.fullmatch(value) or value.startswith("AWS/"):
+            raise ValueError(
+                "a CloudWatch namespace is 1-255 letters, digits, spaces and . - _ / # :, not only spaces, "
+                "and does not start with AWS/"
+            )
+        return value
+
     @field_validator("queue")
     @classmethod
     def _queue_not_blank(cls, value: str) -> str:
@@ -218,19 +238,24 @@ def load_settings(settings_class: type[S], **overrides: object) -> S: ...
 
 def load_settings(settings_class: type[WorkerSettings] | None = None, **overrides: object) -> WorkerSettings:
     """Read the settings (``WorkerSettings`` or a subclass with other defaults), turning validation errors into
-    one ConfigError line."""
+    one ConfigError line; warns on stderr about ``AWS_*`` variables in ``.env``, which are not read from there."""
     try:
         settings = (settings_class or WorkerSettings)(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc)) from exc
-    unread = unread_dotenv_aws_variables(Path(".env"))
+    dotenv = read_dotenv(Path(".env"))
+    unread = sorted(name for name in dotenv.values if name.startswith("AWS_") and name not in os.environ)
     if unread:
         print(
             f"sqs-worker: warning: .env sets {', '.join(unread)}, not read from there: AWS variables come from the "
             "process environment only (as botocore reads them); export them: set -a; . ./.env; set +a",
             file=sys.stderr,
         )
-    overridden = overridden_dotenv_aws_variables(Path(".env"))
+    overridden = sorted(
+        name
+        for name, value in dotenv.values.items()
+        if name.startswith("AWS_") and name in os.environ and os.environ[name] != (value or "")
+    )
     if overridden:  # names only: a value may be a secret key
         print(
             f"sqs-worker: warning: .env sets {', '.join(overridden)} to another value than the environment's, which "
@@ -240,27 +265,68 @@ def load_settings(settings_class: type[WorkerSettings] | None = None, **override
     return settings
 
 
-def unread_dotenv_aws_variables(path: Path) -> list[str]:
-    """The ``AWS_*`` names a ``.env`` file sets that the process environment does not: neither botocore nor the
-    worker reads them from there."""
+@dataclass(frozen=True)
+class Dotenv:
+    """A ``.env`` file as python-dotenv (and so pydantic-settings) reads it: its values, and the lines it skips."""
+
+    values: dict[str, str | None]
+    unparsed_lines: tuple[int, ...] = ()
+
+
+def read_dotenv(path: Path) -> Dotenv:
     if not path.is_file():
+        return Dotenv({})
+    from dotenv.parser import parse_stream
+
+    values: dict[str, str | None] = {}
+    unparsed: list[int] = []
+    with path.open(encoding="utf-8", errors="replace") as stream:
+        for binding in parse_stream(stream):
+            if binding.error:
+                unparsed.append(binding.original.line)
+            elif binding.key is not None:
+                values[binding.key] = binding.value
+    return Dotenv(values, tuple(unparsed))
+
+
+#: ``WORKER_*`` families other settings classes read (the dashboard's, Cloud Tasks', the recipes'): not judged here.
+OTHER_FAMILIES = ("WORKER_DASHBOARD_", "WORKER_CLOUDTASKS_", "WORKER_WEBHOOK_", "WORKER_EMAIL_", "WORKER_REPORT_")
+
+
+def unknown_variables(names: Iterable[str], known: Iterable[str]) -> list[str]:
+    """Each ``WORKER_*`` name of ``names`` that is no setting of ``known`` nor of another family, with the setting
+    it most likely misspells (pure)."""
+    known = sorted(known)
+    found = []
+    for name in sorted(set(names)):
+        if not name.startswith("WORKER_") or name in known or name.startswith(OTHER_FAMILIES):
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        found.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return found
+
+
+#: Tells a process the supervisor started its index in the group (logs; not a setting); it leaves warnings to the
+#: supervisor.
+PROCESS_INDEX_ENV = "SQS_WORKER_PROCESS_INDEX"
+
+
+def variable_warnings(settings_class: type[WorkerSettings] = WorkerSettings) -> list[str]:
+    """What the command line warns about at start: the ``.env`` lines that do not parse (python-dotenv, and so
+    pydantic-settings, skips them), and the ``WORKER_*`` variables (environment or ``.env``) no setting reads.
+    None in a process the supervisor started: it warned already."""
+    if PROCESS_INDEX_ENV in os.environ:
         return []
-    from dotenv import dotenv_values
-
-    return sorted(name for name in dotenv_values(path) if name.startswith("AWS_") and name not in os.environ)
-
-
-def overridden_dotenv_aws_variables(path: Path) -> list[str]:
-    """The ``AWS_*`` names a ``.env`` file sets to another value than the process environment's (which is used)."""
-    if not path.is_file():
-        return []
-    from dotenv import dotenv_values
-
-    return sorted(
-        name
-        for name, value in dotenv_values(path).items()
-        if name.startswith("AWS_") and name in os.environ and os.environ[name] != (value or "")
-    )
+    dotenv = read_dotenv(Path(".env"))
+    warnings = []
+    if dotenv.unparsed_lines:
+        lines = ", ".join(str(line) for line in dotenv.unparsed_lines)
+        warnings.append(f".env line(s) {lines} do not parse (KEY=value): skipped")
+    known = [f"WORKER_{field.upper()}" for field in settings_class.model_fields]
+    unknown = unknown_variables([*os.environ, *dotenv.values], known)
+    if unknown:
+        warnings.append(f"not a setting, ignored: {', '.join(unknown)}")
+    return warnings
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -276,5 +342,5 @@ def describe_validation_error(exc: ValidationError) -> str:
         elif error["type"] == "missing":
             parts.append(f"{variable} is not set")
         else:
-            parts.append(f"{variable}: {error['msg']}")
+            parts.append(f"{variable}: {str(error['msg']).removeprefix('Value error, ')}")
     return "invalid settings: " + "; ".join(parts)

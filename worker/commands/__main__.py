@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from worker.errors import ConfigError, LedgerUnavailable, QueueUnavailable, WorkerError
+from worker.settings import variable_warnings
 
 #: Modules that each define ``add_parser(subparsers)``; their parsers set ``func(args) -> int``.
 COMMAND_MODULES = (
@@ -32,8 +35,15 @@ COMMAND_MODULES = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, as every other error of the command line (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="sqs-worker",
         description="Background jobs on AWS SQS: run the worker, enqueue jobs, bootstrap queues.",
     )
@@ -65,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    logging.getLogger("dotenv.main").disabled = True  # its warnings name no file; variable_warnings' do
+    for warning in variable_warnings():
+        print(f"sqs-worker: warning: {warning}", file=sys.stderr)
     try:
         code: int = args.func(args)
     except (ConfigError, QueueUnavailable, LedgerUnavailable) as exc:

@@ -19,14 +19,13 @@ from typing import Any
 
 from worker.backends.aws import async_client
 from worker.budgets import NO_RETRY
-from worker.commands import plain_help
+from worker.commands import NOT_FOUND_EXIT, plain_help
 from worker.errors import ConfigError
 from worker.flow.breaker import Record, State
 from worker.flow.store import DynamoFlowStore
 from worker.settings import load_settings
 
 _NO_QUEUE = "(not used by the breakers command)"
-NOT_FOUND_EXIT = 3
 
 
 def add_parser(subparsers: Any) -> None:

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from worker.backends.aws import resolve_queue_url_sync, sync_client
-from worker.commands import plain_help
+from worker.commands import NOT_FOUND_EXIT, plain_help
 from worker.commands.selection import add_queue_option, one_queue, selected_queues
 from worker.errors import ConfigError
 from worker.names import queue_name_of
@@ -192,7 +192,7 @@ def run_show(args: argparse.Namespace) -> int:
             break
     if letter is None:
         _not_found(args.id, args.limit)
-        return 1
+        return NOT_FOUND_EXIT
     print(printable_json(letter.describe()))
     return 0
 

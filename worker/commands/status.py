@@ -20,7 +20,7 @@ from typing import Any
 
 from worker.backends.aws import async_client
 from worker.budgets import NO_RETRY
-from worker.commands import plain_help
+from worker.commands import NOT_FOUND_EXIT, plain_help
 from worker.errors import ConfigError
 from worker.idempotency import Ledger, Record, storage_key
 from worker.settings import load_settings
@@ -28,7 +28,6 @@ from worker.workflows import WorkflowStatus, load_status
 
 #: The command reads the ledger only; WORKER_QUEUE need not be set where it runs.
 _NO_QUEUE = "(not used by the status command)"
-NOT_FOUND_EXIT = 3
 
 
 def add_parser(subparsers: Any) -> None:

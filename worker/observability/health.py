@@ -80,6 +80,16 @@ def check_liveness_file(
     return liveness_from_timestamp(last_turn, now_epoch_s=now, max_age_s=max_age_s)
 
 
+def check_liveness_folder(path: str | os.PathLike[str]) -> None:
+    """Raise OSError unless the liveness file can be written at ``path`` (its folder made if missing); the file
+    itself is not touched: it says the loop turned, and it has not yet."""
+    folder = Path(path).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".health-", dir=folder)
+    os.close(fd)
+    os.unlink(probe)
+
+
 def write_liveness_file(path: str | os.PathLike[str], epoch_s: float) -> None:
     """Atomically replace the liveness file's content with ``epoch_s``."""
     target = Path(path)

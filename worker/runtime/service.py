@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -14,7 +15,14 @@ from worker.errors import ConfigError, QueueUnavailable
 from worker.jobs import Registry
 from worker.names import queue_name_of
 from worker.observability.events import Observer, Observers
-from worker.observability.health import HealthObserver, Route, health_routes, listen_http, serve_until
+from worker.observability.health import (
+    HealthObserver,
+    Route,
+    check_liveness_folder,
+    health_routes,
+    listen_http,
+    serve_until,
+)
 from worker.observability.logs import LogObserver
 from worker.observability.metrics import build_metrics_observer
 from worker.observability.prometheus import PrometheusObserver
@@ -75,6 +83,12 @@ async def serve(
     The health and Prometheus ports are bound first: one that cannot be had stops the start with a
     ConfigError before the queue is touched.
     """
+    try:
+        check_liveness_folder(settings.health_file)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        where = f"WORKER_HEALTH_FILE={settings.health_file}"
+        raise ConfigError(f"{where}: cannot write the liveness file there: {reason}") from None
     stop = stop or asyncio.Event()
     install_signal_handlers(stop)
     health = HealthObserver(settings)
@@ -129,6 +143,10 @@ async def listen_all(settings: WorkerSettings, routes_by_port: dict[int, dict[st
         for port, routes in routes_by_port.items():
             try:
                 servers.append(await listen_http(routes, host=settings.listen_host, port=port))
+            except socket.gaierror as exc:  # not an address: the host is wrong, not the port
+                raise ConfigError(
+                    f"WORKER_LISTEN_HOST={settings.listen_host}: not an address to listen on ({exc.strerror})"
+                ) from None
             except OSError as exc:
                 reason = os.strerror(exc.errno) if exc.errno else str(exc)
                 raise ConfigError(f"{port_settings(settings, port)}: cannot listen on port {port}: {reason}") from None

@@ -42,7 +42,7 @@ from worker.observability.health import (
     write_liveness_file,
 )
 from worker.runtime.service import listen_all
-from worker.settings import WorkerSettings, child_environment
+from worker.settings import PROCESS_INDEX_ENV, WorkerSettings, child_environment
 
 log = logging.getLogger("worker.supervisor")
 
@@ -55,8 +55,6 @@ RESTART_MAX_S = 30.0
 #: Beyond the shutdown grace, how long a child gets to exit after SIGTERM before it is killed.
 STOP_MARGIN_S = 15.0
 CHILD_HTTP_TIMEOUT_S = 2.0
-#: The environment variable that tells a child its index in the group (logs; not a setting).
-PROCESS_INDEX_ENV = "SQS_WORKER_PROCESS_INDEX"
 #: prctl option: the signal a process gets when its parent dies (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
 

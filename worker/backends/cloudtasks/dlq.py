@@ -117,7 +117,7 @@ async def _show(args: argparse.Namespace) -> int:
         record = await store.get(args.id)
     if record is None:
         print(f"no dead letter with id {printable(args.id)} in {store.table}", file=sys.stderr)
-        return 1
+        return 3  # as dlq show on SQS: no such dead letter
     print(printable_json(as_dead_letter(record).describe()))
     return 0
 
