@@ -203,3 +203,18 @@ def test_dead_letter_attributes() -> None:
             original_message_id="m",
             failed_at=datetime.now(UTC),
         )
+
+
+def test_a_fifo_queue_with_flow_controlled_jobs_gets_a_generous_receive_count() -> None:
+    """On FIFO a rate limit's holds are receives: the default max_attempts + 2 sent good jobs to the DLQ unrun."""
+    registry = Registry()
+
+    @registry.job("plain", max_attempts=5)
+    async def plain(payload: dict[str, Any]) -> None: ...
+
+    assert (registry.max_receive_count(), registry.max_receive_count(fifo=True)) == (7, 7)
+
+    @registry.job("limited", rate_limit="2/s")
+    async def limited(payload: dict[str, Any]) -> None: ...
+
+    assert (registry.max_receive_count(), registry.max_receive_count(fifo=True)) == (7, 100)

@@ -63,11 +63,11 @@ def test_plan_forms() -> None:
     assert saturated.free_at_ms == 10_001
 
 
-def simulate(rate: gcra.Rate, requests: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def simulate(rate: gcra.Rate, requests: list[tuple[int, int]]) -> list[tuple[int, float]]:
     """Requests (time, how many slots stale the requester's view is), each retried on refusal with the stored
     value as the gate does. Returns (request time, start) of each granted slot."""
-    tat: int | None = None
-    history: list[int | None] = [None]
+    tat: float | None = None
+    history: list[float | None] = [None]
     granted = []
     for now_ms, stale in requests:
         view = history[max(0, len(history) - 1 - stale)]
@@ -104,7 +104,7 @@ def test_no_window_holds_more_than_count_starts(count: int, period_s: int, gaps:
     for asked, start in granted:
         assert asked <= start <= asked + rate.horizon_ms  # never before the request, never beyond the horizon
     for earlier, later in itertools.pairwise(starts):
-        assert later - earlier >= rate.interval_ms
+        assert later - earlier >= rate.interval_ms - 1e-6  # to the microsecond (float sums of a fractional interval)
     period_ms = period_s * 1000
     for index, start in enumerate(starts):  # the window [start, start + period) of every start
         assert bisect.bisect_left(starts, start + period_ms) - index <= count
@@ -327,6 +327,41 @@ def test_without_a_table_the_worker_says_its_limits_are_local(caplog: pytest.Log
         gate = local_gate(registry)
     assert not gate.shared
     assert [r.getMessage() for r in caplog.records] == [
-        "WORKER_IDEMPOTENCY_TABLE is not set: the rate limits and circuit breakers of sync are local to this worker "
-        "(each worker of a fleet applies them on its own)"
+        "WORKER_IDEMPOTENCY_TABLE is not set: the rate limits and circuit breakers of sync are local to this process "
+        "(each process of a fleet, WORKER_PROCESSES counted, applies them on its own)"
     ]
+
+
+@pytest.mark.parametrize(("text", "per_s"), [("50/s", 50), ("500/s", 500), ("1000/s", 1000), ("5000/s", 5000)])
+def test_a_fast_limit_keeps_its_rate_to_the_microsecond(text: str, per_s: int) -> None:
+    """The interval is not rounded up to a whole millisecond (that gave 333/s for "500/s", 1000/s for "5000/s")."""
+    rate = gcra.parse_rate(text)
+    assert rate.interval_ms == pytest.approx(1000 / per_s * 1.02, abs=0.001)
+    per_ms = max(1, 2 * per_s // 1000)  # twice as many asks as the rate allows, for 2.5 s
+    requests = [(1_000_000 + ms, 0) for ms in range(2_500) for _ in range(per_ms)]
+    starts = [start for _, start in simulate(rate, requests)]
+    first_second = [s for s in starts if 1_000_000 + 500 <= s < 1_001_500]  # a full second past the first start
+    assert per_s * 0.97 <= len(first_second) <= per_s
+
+
+async def test_a_hold_never_lies_beyond_a_day_even_behind_a_long_backlog() -> None:
+    """A monthly limit with a backlog: the turns lie months ahead, past the year a due time may name; a held
+    message comes back after at most a day and asks again (it was dead-lettered as invalid_message)."""
+    from worker.flow.gate import MAX_HOLD_S, Gate, Step
+
+    gate = Gate(now_ms=lambda: 1_000_000_000)
+    rate = gcra.parse_rate("1/30d")
+    delays = []
+    for n in range(15):
+        decision = await gate.admit(
+            job_type="monthly",
+            rate=rate,
+            rate_key="acme",
+            breaker=None,
+            breaker_key=None,
+            message_id=str(n),
+            timeout_s=30,
+        )
+        delays.append(decision.delay_s if decision.step is Step.HOLD else 0)
+    assert delays[0] == 0  # the first runs now
+    assert delays[1:] == [MAX_HOLD_S] * 14

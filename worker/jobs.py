@@ -38,6 +38,9 @@ DEFAULT_BUG_ERRORS: tuple[type[BaseException], ...] = (
     AssertionError,
 )
 
+#: maxReceiveCount of a FIFO queue with rate-limited or breaker-guarded jobs (their holds are receives there).
+FIFO_FLOW_RECEIVE_COUNT = 100
+
 log = logging.getLogger("worker")
 
 Handler = Callable[..., Any]
@@ -288,10 +291,15 @@ class Registry:
     def specs(self) -> list[JobSpec]:
         return [self._jobs[name] for name in self.names()]
 
-    def max_receive_count(self) -> int:
+    def max_receive_count(self, *, fifo: bool = False) -> int:
         """The redrive policy's maxReceiveCount for a queue of these jobs: a little above the largest
-        ``max_attempts`` (5 when none is registered), so the worker dead-letters first, with the reason."""
-        return max((spec.max_attempts for spec in self._jobs.values()), default=5) + 2
+        ``max_attempts`` (5 when none is registered), so the worker dead-letters first, with the reason. On a
+        FIFO queue a rate limit's or breaker's holds count receives too (a held message cannot be sent on as a
+        copy there): with such jobs, at least FIFO_FLOW_RECEIVE_COUNT."""
+        count = max((spec.max_attempts for spec in self._jobs.values()), default=5) + 2
+        if fifo and any(spec.rate is not None or spec.breaker is not None for spec in self._jobs.values()):
+            return max(count, FIFO_FLOW_RECEIVE_COUNT)
+        return count
 
     def __len__(self) -> int:
         return len(self._jobs)

@@ -129,16 +129,18 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         print("\n".join(asyncio.run(bootstrap_tables(region))) or "no tables configured")
         return 0
     import_handlers(settings.handlers)
-    max_receive_count = args.max_receive_count or settings.max_receive_count or default_registry.max_receive_count()
+    chosen = args.max_receive_count or settings.max_receive_count
     largest = max((spec.max_attempts for spec in default_registry.specs()), default=0)
-    if max_receive_count <= largest:
+    if chosen is not None and chosen <= largest:
         print(
-            f"warning: maxReceiveCount {max_receive_count} is not above the largest max_attempts ({largest}): SQS "
+            f"warning: maxReceiveCount {chosen} is not above the largest max_attempts ({largest}): SQS "
             "would move retried messages to the DLQ before the worker dead-letters them (without their reason)",
             file=sys.stderr,
         )
     client = sqs_client(region)
     for spec in settings.queue_set():  # a set: each queue with its own DLQ, highest priority first
+        fifo = spec.queue.endswith(".fifo")
+        max_receive_count = chosen or default_registry.max_receive_count(fifo=fifo)
         created = ensure_queues(
             client,
             spec.queue,

@@ -74,7 +74,8 @@ async def _dev(settings: WorkerSettings, *, demo: bool) -> int:
     import_handlers(["worker.examples", *(RECIPE_MODULES if receivers else []), *settings.handlers])
     connection = settings.aws()
     client = sync_client("sqs", connection=connection.client_kwargs())
-    created = ensure_queues(client, settings.queue, max_receive_count=default_registry.max_receive_count())
+    receive_count = default_registry.max_receive_count(fifo=settings.queue.endswith(".fifo"))
+    created = ensure_queues(client, settings.queue, max_receive_count=receive_count)
     if settings.idempotency_table:
         await _ensure_table(connection, settings.idempotency_table)
     companions: list[Companion] = []

@@ -37,6 +37,9 @@ BREAKER_CACHE_S = 1.0
 MAX_WRITES = 4
 #: Keys whose slots and breakers a worker remembers (the oldest are forgotten first: memory stays bounded).
 MAX_KEYS = 10_000
+#: A held message comes back at most this late and asks again: a saturated key's turns may lie months ahead (a
+#: monthly limit with a backlog), beyond the year a due time may name.
+MAX_HOLD_S = 86_400
 
 
 class Step(StrEnum):
@@ -145,7 +148,7 @@ class Gate:
         self._sleep = sleep
         self.on_change = on_change
         self._backlogs: dict[str, gcra.Backlog] = {}
-        self._tat_ms: dict[str, int] = {}
+        self._tat_ms: dict[str, float] = {}
         self._breakers: dict[str, tuple[float, policy.Record | None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -190,7 +193,7 @@ class Gate:
         return Decision(Step.RUN, ticket=ticket)
 
     def _hold(self, delay_ms: float, reason: str) -> Decision:
-        return Decision(Step.HOLD, delay_s=max(1, math.ceil(delay_ms / 1000)), reason=reason)
+        return Decision(Step.HOLD, delay_s=min(MAX_HOLD_S, max(1, math.ceil(delay_ms / 1000))), reason=reason)
 
     async def _take_slot(self, key: str, rate: gcra.Rate) -> Decision | None:
         """Reserve a start for ``key`` and wait for it (None), or a HOLD for a saturated key. This worker's tries
@@ -205,7 +208,7 @@ class Gate:
             await self._sleep(reserved / 1000)
         return None
 
-    async def _reserve(self, key: str, rate: gcra.Rate) -> Decision | int:
+    async def _reserve(self, key: str, rate: gcra.Rate) -> Decision | float:
         """A HOLD, or the milliseconds until the reserved start."""
         backlog = self._backlogs.get(key) or _remember(self._backlogs, key, gcra.Backlog())
         now_ms = self._now_ms()
@@ -232,7 +235,7 @@ class Gate:
         backlog.learn(free_at_ms=self._now_ms() + rate.interval_ms)  # contended: step back one interval
         return self._saturated(key, backlog, rate, self._now_ms())
 
-    def _saturated(self, key: str, backlog: gcra.Backlog, rate: gcra.Rate, now_ms: int) -> Decision:
+    def _saturated(self, key: str, backlog: gcra.Backlog, rate: gcra.Rate, now_ms: float) -> Decision:
         wait_ms = backlog.hold_back_ms(now_ms=now_ms, interval_ms=rate.interval_ms)
         return self._hold(wait_ms, f"rate limit {rate} of {key!r}")
 

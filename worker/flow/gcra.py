@@ -1,7 +1,8 @@
 """Rate limits as GCRA (generic cell rate algorithm): pure arithmetic on one number per key, no clocks, no I/O.
 
 A key's state is its *theoretical arrival time* ``tat_ms``: the earliest moment its next start may happen. Starts
-are spaced one ``interval_ms`` apart (no burst), so at most ``count`` starts fall in any window of ``period_s``;
+are spaced one ``interval_ms`` apart (to the microsecond; no burst), so at most ``count`` starts fall in any window of
+``period_s``;
 the interval carries a margin of :data:`SPACING_MARGIN` of itself, slack for the delay between a start's slot and
 its handler's first line (event loop, thread hand-off) and for clock skew between workers.
 
@@ -18,7 +19,6 @@ A refused write returns the item as it was, and :func:`plan` is asked again with
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -41,12 +41,12 @@ class Rate:
     period_s: float
 
     @property
-    def interval_ms(self) -> int:
-        """The spacing of starts, margin included (whole milliseconds, at least 1)."""
-        return max(1, math.ceil(self.period_s * 1000 / self.count * (1 + SPACING_MARGIN)))
+    def interval_ms(self) -> float:
+        """The spacing of starts, margin included, in milliseconds to the microsecond (``"1000/s"``: 1.02 ms)."""
+        return max(0.001, round(self.period_s * 1000 / self.count * (1 + SPACING_MARGIN), 3))
 
     @property
-    def horizon_ms(self) -> int:
+    def horizon_ms(self) -> float:
         """How far ahead a start may be reserved (the worker waits for it holding the message)."""
         return min(MAX_HORIZON_MS, max(MIN_HORIZON_MS, 2 * self.interval_ms))
 
@@ -82,13 +82,13 @@ class Plan:
     """What to try for a start at ``now_ms`` given the key's last known ``tat_ms`` (None: no item)."""
 
     form: Form
-    now_ms: int
-    interval_ms: int
-    latest_ms: int  # QUEUE's condition: tat <= latest_ms (now + horizon)
-    free_at_ms: int  # SATURATED: when a slot becomes reservable again (tat - horizon)
+    now_ms: float
+    interval_ms: float
+    latest_ms: float  # QUEUE's condition: tat <= latest_ms (now + horizon)
+    free_at_ms: float  # SATURATED: when a slot becomes reservable again (tat - horizon)
 
 
-def plan(*, tat_ms: int | None, now_ms: int, rate: Rate) -> Plan:
+def plan(*, tat_ms: float | None, now_ms: float, rate: Rate) -> Plan:
     """The write that takes the next slot for a start at ``now_ms`` (pure)."""
     interval_ms, horizon_ms = rate.interval_ms, rate.horizon_ms
     latest_ms = now_ms + horizon_ms
@@ -99,7 +99,7 @@ def plan(*, tat_ms: int | None, now_ms: int, rate: Rate) -> Plan:
     return Plan(Form.SATURATED, now_ms, interval_ms, latest_ms, tat_ms - horizon_ms)
 
 
-def apply(plan_: Plan, tat_ms: int | None) -> int | None:
+def apply(plan_: Plan, tat_ms: float | None) -> float | None:
     """The new ``tat_ms`` when ``plan_``'s write succeeds on an item holding ``tat_ms``, else None (its condition
     fails). What DynamoDB's condition and update expression compute, as one pure function (the in-memory store
     and the tests use it)."""
@@ -114,7 +114,7 @@ def apply(plan_: Plan, tat_ms: int | None) -> int | None:
     return None
 
 
-def start_of(new_tat_ms: int, interval_ms: int) -> int:
+def start_of(new_tat_ms: float, interval_ms: float) -> float:
     """The slot a successful write took: the interval before the new ``tat``."""
     return new_tat_ms - interval_ms
 
@@ -126,16 +126,16 @@ class Backlog:
     messages get turns one interval apart after ``free_at_ms``, so they come back about as fast as the key can
     start them (times the number of workers), not all at once."""
 
-    free_at_ms: int = 0
-    next_turn_ms: int = 0
+    free_at_ms: float = 0
+    next_turn_ms: float = 0
 
-    def blocked(self, now_ms: int) -> bool:
+    def blocked(self, now_ms: float) -> bool:
         return now_ms < self.free_at_ms
 
-    def learn(self, *, free_at_ms: int) -> None:
+    def learn(self, *, free_at_ms: float) -> None:
         self.free_at_ms = max(self.free_at_ms, free_at_ms)
 
-    def hold_back_ms(self, *, now_ms: int, interval_ms: int) -> int:
+    def hold_back_ms(self, *, now_ms: float, interval_ms: float) -> float:
         """How long the next held-back message waits (its turn), and reserve the turn after it."""
         turn_ms = max(self.next_turn_ms, self.free_at_ms, now_ms)
         self.next_turn_ms = turn_ms + interval_ms

@@ -43,7 +43,7 @@ class SlotAnswer:
     """A slot write's answer: ``ok`` and the key's ``tat_ms`` after it (ok) or as it was (refused; None: no item)."""
 
     ok: bool
-    tat_ms: int | None
+    tat_ms: float | None
 
 
 class FlowStore(Protocol):
@@ -66,7 +66,7 @@ class MemoryFlowStore:
     shared = False
 
     def __init__(self) -> None:
-        self._tat_ms: dict[str, int] = {}
+        self._tat_ms: dict[str, float] = {}
         self._breakers: dict[str, Record] = {}
 
     async def take_slot(self, key: str, plan: gcra.Plan) -> SlotAnswer:
@@ -117,7 +117,7 @@ class DynamoFlowStore(DynamoDBStore):
         }
         result = await self._raw_update(RATE_PREFIX + key, expression, condition, values)
         tat = None if result.item is None else result.item.get("tat_ms")
-        return SlotAnswer(result.ok, int(tat) if isinstance(tat, int | float) else None)
+        return SlotAnswer(result.ok, float(tat) if isinstance(tat, int | float) else None)
 
     async def _raw_update(self, key: str, expression: str, condition: str, values: Mapping[str, object]) -> Any:
         """One conditional UpdateItem with a hand-written SET (arithmetic that ``Update`` does not compose)."""

@@ -152,7 +152,7 @@ def local_gate(registry: Registry) -> Any:
     if limited:
         logging.getLogger("worker").warning(
             "WORKER_IDEMPOTENCY_TABLE is not set: the rate limits and circuit breakers of %s are local to this "
-            "worker (each worker of a fleet applies them on its own)",
+            "process (each process of a fleet, WORKER_PROCESSES counted, applies them on its own)",
             ", ".join(limited),
         )
     return Gate(owner=worker_id())

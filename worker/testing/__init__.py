@@ -158,7 +158,7 @@ class InMemoryWorker:
         self.broker = MemoryBroker()
         self.dlq: MemoryQueue = self.broker.create_queue(default_dlq_name(queue))
         if max_receive_count is None:
-            max_receive_count = self.registry.max_receive_count()
+            max_receive_count = self.registry.max_receive_count(fifo=queue.endswith(".fifo"))
         self.queue: MemoryQueue = self.broker.create_queue(
             queue,
             dead_letter_queue=self.dlq.name,
