@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -20,7 +21,7 @@ import pytest
 
 from tests.support.backends import Backend
 from tests.support.harness import sqs_client
-from tests.support.process import cli, lines, start, wait_until, worker_env
+from tests.support.process import ROOT, cli, lines, start, wait_until, worker_env
 from tests.support.queues import assert_queue_empty
 from worker.dev.localaws import free_port
 from worker.observability.health import HealthStatus
@@ -111,6 +112,36 @@ def test_both_processes_consume_and_sigterm_finishes_their_jobs(backend: Backend
         stop(worker, log)
     assert effects(tmp_path, "end") == effects(tmp_path, "start")
     assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "a child outlived the supervisor"
+    assert_queue_empty(sqs_client(backend.endpoint_url), url)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "systemd-stop"])
+def test_a_signal_to_the_whole_process_group_still_lets_running_jobs_finish(
+    backend: Backend, tmp_path: Path, signum: int
+) -> None:
+    """Ctrl-C in a terminal, systemd's stop or ``timeout`` signal every process of the group: each child gets the
+    signal directly and again from the supervisor, which is one signal, not a second (that exits at once)."""
+    env, url = group(backend, tmp_path, WORKER_CONCURRENCY="1", WORKER_SHUTDOWN_GRACE_S="30")
+    log = tmp_path / "worker.log"
+    with log.open("wb") as stderr:  # a group of its own, as a terminal's foreground job
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "worker.commands", "run"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(lambda: len(children(worker.pid)) == 2, 60, "two worker processes")
+        send(backend, url, range(2), seconds=3)
+        wait_until(lambda: len(effects(tmp_path, "start")) == 2, 60, "both jobs to start")
+        os.killpg(worker.pid, signum)
+        assert worker.wait(timeout=60) == 0, log.read_text()
+    finally:
+        stop(worker, log)
+    assert "exiting at once" not in log.read_text()
+    assert effects(tmp_path, "end") == effects(tmp_path, "start")  # both finished within the grace
     assert_queue_empty(sqs_client(backend.endpoint_url), url)
 
 

@@ -311,11 +311,16 @@ def unknown_variables(names: Iterable[str], known: Iterable[str]) -> list[str]:
 PROCESS_INDEX_ENV = "SQS_WORKER_PROCESS_INDEX"
 
 
+def supervised() -> bool:
+    """Whether this process is one the supervisor started (``WORKER_PROCESSES`` above 1)."""
+    return PROCESS_INDEX_ENV in os.environ
+
+
 def variable_warnings(settings_class: type[WorkerSettings] = WorkerSettings) -> list[str]:
     """What the command line warns about at start: the ``.env`` lines that do not parse (python-dotenv, and so
     pydantic-settings, skips them), and the ``WORKER_*`` variables (environment or ``.env``) no setting reads.
     None in a process the supervisor started: it warned already."""
-    if PROCESS_INDEX_ENV in os.environ:
+    if supervised():
         return []
     dotenv = read_dotenv(Path(".env"))
     warnings = []

@@ -28,7 +28,7 @@ from worker.observability.metrics import build_metrics_observer
 from worker.observability.prometheus import PrometheusObserver
 from worker.runtime.assemble import open_worker
 from worker.runtime.presence import PresenceObserver, presence_companion
-from worker.settings import WorkerSettings
+from worker.settings import WorkerSettings, supervised
 
 log = logging.getLogger("worker")
 
@@ -38,15 +38,29 @@ T = TypeVar("T")
 Companion = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
 
+#: In a supervised process, a repeat of the signal within this long is the same signal arriving twice.
+SIGNAL_ECHO_S = 0.5
+
+
 def install_signal_handlers(stop: asyncio.Event) -> None:
-    """First SIGTERM or SIGINT: stop receiving and shut down cleanly. A second one: exit at once."""
+    """First SIGTERM or SIGINT: stop receiving and shut down cleanly. A second one: exit at once.
+
+    In a process the supervisor started, the same signal twice within SIGNAL_ECHO_S is one: a signal to the
+    whole process group (Ctrl-C in a terminal, systemd's stop, ``timeout``) reaches it directly and again as
+    the supervisor passes it on."""
     loop = asyncio.get_running_loop()
+    echo_s = SIGNAL_ECHO_S if supervised() else 0.0
+    first_at: list[float] = []
 
     def on_signal(signum: int) -> None:
         if stop.is_set():
+            if first_at and loop.time() - first_at[0] < echo_s:
+                log.debug("%s again at once: the supervisor passed on the group's signal", signal.Signals(signum).name)
+                return
             log.warning("second %s: exiting at once", signal.Signals(signum).name)
             logging.shutdown()
             os._exit(128 + signum)
+        first_at.append(loop.time())
         log.info("%s received: shutting down", signal.Signals(signum).name)
         stop.set()
 
@@ -62,8 +76,8 @@ def run_loop(settings: WorkerSettings, main: Coroutine[Any, Any, T]) -> T:
         except ImportError:
             main.close()
             raise ConfigError(
-                "WORKER_EVENT_LOOP=uvloop needs uvloop: install the extra, pip install 'sqs-worker[uvloop] @ <source>' "
-                "(the container image has it)"
+                "WORKER_EVENT_LOOP=uvloop needs uvloop: install the extra as you installed sqs-worker, "
+                "pip install '/path/to/sqs-worker[uvloop]' (the container image has it)"
             ) from None
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(main)

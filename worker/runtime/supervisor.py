@@ -41,7 +41,7 @@ from worker.observability.health import (
     serve_until,
     write_liveness_file,
 )
-from worker.runtime.service import listen_all
+from worker.runtime.service import SIGNAL_ECHO_S, listen_all
 from worker.settings import PROCESS_INDEX_ENV, WorkerSettings, child_environment
 
 log = logging.getLogger("worker.supervisor")
@@ -162,6 +162,7 @@ class Supervisor:
         self.exit_code = 0
         #: A signal that came after the first (the children were told to exit at once): the group exits 128 + it.
         self._second_signal: int | None = None
+        self._first_signal_at = 0.0
 
     # ------------------------------------------------------------------------------------- health
 
@@ -248,13 +249,22 @@ class Supervisor:
         return self.exit_code
 
     def _on_signal(self, signum: int) -> None:
-        if self.stop.is_set():
-            self._second_signal = signum
-            log.warning("second %s: passing it on (children exit at once)", signal.Signals(signum).name)
-        else:
+        loop = asyncio.get_running_loop()
+        if not self.stop.is_set():
             log.info("%s received: stopping %d worker processes", signal.Signals(signum).name, len(self.children))
             self.stop.set()
-        self._signal_all(signum)
+            self._first_signal_at = loop.time()
+            self._signal_all(signum)
+            return
+        self._second_signal = signum
+        log.warning("second %s: passing it on (children exit at once)", signal.Signals(signum).name)
+        # A child takes a repeat within SIGNAL_ECHO_S of the first for the same signal (a process group's signal
+        # reaches it twice): pass this one on once that window has passed.
+        echo_left_s = self._first_signal_at + SIGNAL_ECHO_S - loop.time()
+        if echo_left_s > 0:
+            loop.call_later(echo_left_s + 0.05, self._signal_all, signum)
+        else:
+            self._signal_all(signum)
 
     def _signal_all(self, signum: int) -> None:
         for child in self.children:
