@@ -276,3 +276,39 @@ async def test_concurrent_workers_never_share_a_slot(dynamodb: DynamoDBClient, t
     assert slots[-1] <= now_ms + rate.horizon_ms
     assert len(ran) == rate.horizon_ms // rate.interval_ms + 1
     assert all(d.delay_s >= 1 and d.reason.startswith("rate limit") for d in decisions if d.step.value == "hold")
+
+
+async def test_a_probe_cancelled_at_shutdown_is_given_back_for_the_next_job_to_probe(backend: Backend) -> None:
+    """Past the shutdown grace the probe's job is cancelled: its breaker lets the next job of the key probe at once
+    rather than wait out the probe's lease (the job's timeout_s + 5 s, 15 minutes by default)."""
+    from worker.flow.gate import Step
+
+    queues = make_queues(backend.endpoint_url, max_receive_count=MAX_RECEIVE_COUNT)
+    registry = Registry()
+    breaker = Breaker(key=lambda p: "api.example", failures=1, window_s=60, cooldown_s=1)
+    probing = asyncio.Event()
+
+    @registry.job("hook", breaker=breaker, max_attempts=10, backoff_base_s=0, backoff_max_s=0, timeout_s=600)
+    async def hook(payload: dict[str, Any]) -> None:
+        if payload["n"] == 0:
+            raise RetryableError("downstream answered 503")  # opens the breaker
+        probing.set()
+        await asyncio.Event().wait()  # the probe hangs
+
+    gate = Gate()
+    send(backend.endpoint_url, queues.queue_url, {"type": "hook", "payload": {"n": 0}})
+    async with running_worker(backend.endpoint_url, queues, registry, gate=gate, shutdown_grace_s=0.2) as running:
+        await running.recorder.wait_for(lambda r: bool(r.of(Kind.BREAKER_CHANGED)), timeout_s=30)
+        send(backend.endpoint_url, queues.queue_url, {"type": "hook", "payload": {"n": 1}})
+        async with asyncio.timeout(30):
+            await probing.wait()
+    decision = await gate.admit(
+        job_type="hook",
+        rate=None,
+        rate_key=None,
+        breaker=breaker,
+        breaker_key="api.example",
+        message_id="next",
+        timeout_s=600,
+    )
+    assert decision.step is Step.RUN, decision.reason

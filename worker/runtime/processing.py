@@ -405,7 +405,9 @@ class Processor:
     async def abandon(self, held: Held) -> None:
         """The job was cancelled (shutdown past the grace period): put the message back at once, unless its
         plain ``def`` handler still runs in a thread: released, it would run twice. It stays invisible until its
-        visibility timeout; the thread ends with the process, before the handler completes."""
+        visibility timeout; the thread ends with the process, before the handler completes. A circuit breaker's
+        probe is given back (not counted): the next job of its key probes, rather than wait out its lease."""
+        await self._report_flow(held, Outcome.NOT_COUNTED)
         if self._threads.is_running(held):
             log.warning(
                 "a plain def handler still runs at exit: its message is not released and reappears after its "
