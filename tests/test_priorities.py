@@ -188,13 +188,42 @@ def test_the_usual_answer_time_sees_through_answers_that_waited_for_an_arrival()
     assert times.empty_after_s() == 0.05, "never below the floor"
 
 
-def test_one_message_for_one_asked_is_no_backlog() -> None:
+def test_one_message_for_one_asked_after_a_wait_is_no_backlog() -> None:
     policy = Priorities([1, 1], mode=Mode.WEIGHTED)
     assert policy.next(1) == Grant(0, 1)
-    policy.answered(0, asked=1, received=1, lent=False)
+    policy.lent(0, 1)  # a long poll: unanswered at first
+    policy.answered(0, asked=1, received=1, lent=True)  # then a job arrived
     assert policy.next(20) == Grant(1, 10)
     assert policy.next(20) == Grant(0, 2)
-    assert policy.next(20) is None, "queue 0 got one message for one asked: one receive at a time"
+    assert policy.next(20) is None, "queue 0 got one message for one asked, after a wait: one receive at a time"
+
+
+def test_one_message_for_one_asked_at_once_is_a_backlog() -> None:
+    policy = Priorities([1, 1], mode=Mode.WEIGHTED)
+    assert policy.next(1) == Grant(0, 1)
+    policy.answered(0, asked=1, received=1, lent=False)  # SQS answered at once: slots free one at a time
+    assert policy.next(20) == Grant(1, 10)
+    assert policy.next(20) == Grant(0, 2)
+    assert policy.next(20) == Grant(0, 2), "a backlog: more than one receive at a time"
+
+
+@pytest.mark.parametrize("answer_after", [0, 1, 2, 5])
+def test_weighted_shares_hold_when_receives_take_longer_than_slots_take_to_free(answer_after: int) -> None:
+    """Slots free one at a time, each receive answers (in full) ``answer_after`` slot-frees later: with one
+    receive at a time per one-for-one queue, every slot freed meanwhile went to bulk (50% instead of 91%)."""
+    policy = Priorities([10, 1], mode=Mode.WEIGHTED)
+    pending: list[tuple[int, Grant]] = []
+    got, free = [0, 0], 0
+    for step in range(5_000):
+        free += 1
+        for due, grant in [p for p in pending if p[0] <= step]:
+            pending.remove((due, grant))
+            policy.answered(grant.index, asked=grant.count, received=grant.count, lent=False)
+            got[grant.index] += grant.count
+        while free and (grant := policy.next(free)) is not None:
+            free -= grant.count
+            pending.append((step + answer_after, grant))
+    assert got[0] / sum(got) == pytest.approx(10 / 11, abs=0.01)
 
 
 def test_strict_lets_a_lower_queue_receive_once_the_higher_answer_was_partial() -> None:

@@ -11,8 +11,11 @@ Rules:
   that one long poll brings its messages the moment they arrive. So an idle queue costs one long poll. When a
   queue's last answer was full, its first unanswered receive may be a slow endpoint rather than an empty queue:
   it gets one more receive, and only a second unanswered one in a row makes it count as empty.
-- A queue gets one receive at a time, unless its last answer was full (as many messages as asked, at least
-  two: a backlog); then as many as the free slots allow.
+- A queue gets one receive at a time, unless its last answer was full (as many messages as asked) and either
+  more than one or prompt (not lent: SQS answered at once, as it does from a backlog; a long poll that waited
+  for an arrival was lent first): a backlog; then as many as the free slots allow. Slots freeing one at a time
+  make one-for-one answers: counted as a backlog, they keep a weighted share even when receives take longer
+  than jobs take to free slots.
 - A receive asks for at most 10 messages and at most the free slots, and a queue asks for at most twice what its
   last answer brought (at least 1): an idle queue's long poll holds one slot, not ten.
 - ``weighted``: the queues share slots by weight (stride scheduling: each queue's slots divided by its weight is
@@ -128,6 +131,7 @@ class QueueState:
     busy: bool = True  # its last answer brought messages (True before the first: it may hold some)
     last_received: int | None = None  # messages of its last answer (None: none yet)
     last_asked: int = 0  # what its last answer was asked for
+    last_prompt: bool = False  # its last answer came before its receive was lent (SQS answered at once)
     served: float = 0.0  # slots it used, divided by its weight (virtual time, weighted mode)
 
     def wants(self) -> int:
@@ -149,9 +153,9 @@ class QueueState:
 
     @property
     def backlogged(self) -> bool:
-        """Its last answer brought as many messages as asked, and more than one: more are likely waiting (one
-        message for one asked is what a long poll brings when a job arrives)."""
-        return self.busy and self.last_received is not None and self.last_received >= self.last_asked >= 2
+        """Its last answer brought as many messages as asked, and more than one or at once: more are likely
+        waiting (one message for one asked after a wait is what a long poll brings when a job arrives)."""
+        return self.full and (self.last_asked >= 2 or self.last_prompt)
 
     def eligible(self) -> bool:
         if self.receives == 0:
@@ -235,6 +239,7 @@ class Priorities:
         state.busy = received > 0
         state.last_received = received
         state.last_asked = asked
+        state.last_prompt = not lent
 
     def failed(self, index: int, *, asked: int, lent: bool) -> None:
         """A receive failed (the endpoint erred): nothing was received; the queue's state stays as it was."""
