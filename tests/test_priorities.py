@@ -216,10 +216,10 @@ def test_weighted_shares_hold_when_receives_take_longer_than_slots_take_to_free(
     got, free = [0, 0], 0
     for step in range(5_000):
         free += 1
-        for due, grant in [p for p in pending if p[0] <= step]:
-            pending.remove((due, grant))
-            policy.answered(grant.index, asked=grant.count, received=grant.count, lent=False)
-            got[grant.index] += grant.count
+        for due, answered in [p for p in pending if p[0] <= step]:
+            pending.remove((due, answered))
+            policy.answered(answered.index, asked=answered.count, received=answered.count, lent=False)
+            got[answered.index] += answered.count
         while free and (grant := policy.next(free)) is not None:
             free -= grant.count
             pending.append((step + answer_after, grant))
