@@ -207,7 +207,17 @@ def test_versions_grow_by_one_per_change_and_open_always_has_a_cool_down(steps: 
         record = new
 
 
-@pytest.mark.parametrize("bad", [{"failures": 0}, {"window_s": 0}, {"cooldown_s": -1}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"failures": 0},
+        {"failures": 2.5},
+        {"window_s": 0},
+        {"cooldown_s": -1},
+        {"cooldown_s": float("inf")},
+        {"window_s": float("nan")},
+    ],
+)
 def test_bad_breakers_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ConfigError, match="Breaker"):
         Breaker(**bad)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ Each transition is written with a version check (``worker.flow.store``), so conc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -45,10 +46,10 @@ class Breaker:
     cooldown_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.failures < 1:
-            raise ConfigError("Breaker: failures must be >= 1")
-        if self.window_s <= 0 or self.cooldown_s <= 0:
-            raise ConfigError("Breaker: window_s and cooldown_s must be > 0")
+        if isinstance(self.failures, bool) or not isinstance(self.failures, int) or self.failures < 1:
+            raise ConfigError("Breaker: failures must be a whole number >= 1")
+        if not all(math.isfinite(value) and value > 0 for value in (self.window_s, self.cooldown_s)):
+            raise ConfigError("Breaker: window_s and cooldown_s must be finite numbers > 0")
 
 
 @dataclass(frozen=True)
