@@ -123,3 +123,22 @@ async def test_a_refused_recipient_is_dead_lettered(backend: Backend, setup: tup
     [dead] = drain(backend.endpoint_url, queues.dlq_url, expect=1)
     assert dead["MessageAttributes"]["error_message"]["StringValue"] == "PermanentError: SMTP 550: 5.1.1 no such user"
     assert mailbox.accepted == []
+
+
+async def test_a_message_that_can_never_be_built_is_dead_lettered_at_once(
+    backend: Backend, setup: tuple[Created, Ledger, Mailbox]
+) -> None:
+    """A line break in a header (a variable carrying "\\r\\nBcc: ..."): refused, never sent, and not retried 8
+    times over a quarter of an hour before it is called exhausted."""
+    queues, ledger, mailbox = setup
+    error = "PermanentError: the message cannot be built: "
+    body = job("ada@example.com", "signup:3")
+    body["payload"]["variables"]["name"] = "Ada\r\nBcc: victim@example.org"
+    send(backend.endpoint_url, queues.queue_url, body)
+    async with running_worker(backend.endpoint_url, queues, registry(), ledger=ledger) as run:
+        await run.recorder.wait_count(Kind.DEAD_LETTERED, 1)
+    assert not run.recorder.of(Kind.RETRY_SCHEDULED)
+    [dead] = drain(backend.endpoint_url, queues.dlq_url, expect=1)
+    assert dead["MessageAttributes"]["error_category"]["StringValue"] == "permanent"
+    assert dead["MessageAttributes"]["error_message"]["StringValue"].startswith(error)
+    assert mailbox.accepted == []

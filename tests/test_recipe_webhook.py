@@ -152,6 +152,25 @@ async def test_other_4xx_is_dead_lettered_after_one_request(backend: Backend, se
     assert attributes["error_message"]["StringValue"] == "PermanentError: receiver answered HTTP 404"
 
 
+async def test_during_a_rotation_each_secret_signs(
+    backend: Backend, setup: tuple[Created, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WORKER_WEBHOOK_SECRET="new old": a receiver holding either secret verifies the delivery."""
+    monkeypatch.setenv("WORKER_WEBHOOK_SECRET", "whsec-new whsec-old")
+    queues, ledger = setup
+    with webhook_receiver(Reply(204)) as receiver:
+        payload = {"url": receiver.url, "event": "order.paid", "data": {}, "id": "rot-1"}
+        send(backend.endpoint_url, queues.queue_url, {"type": "webhook", "payload": payload})
+        async with running_worker(backend.endpoint_url, queues, registry(), ledger=ledger) as running:
+            await running.recorder.wait_count(Kind.SUCCEEDED, 1)
+        [request] = receiver.received
+    assert len(request.headers["Webhook-Signature"].split(" ")) == 2
+    for secret in ("whsec-new", "whsec-old"):
+        verify(secret, request.body, request.headers, now_s=request.at)
+    with pytest.raises(SignatureInvalid):
+        verify("whsec-new whsec-old", request.body, request.headers, now_s=request.at)
+
+
 def test_each_endpoint_host_gets_its_own_rate_limit_and_breaker(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORKER_WEBHOOK_RATE_LIMIT", "120/m")
     jobs = Registry()

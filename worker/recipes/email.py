@@ -142,12 +142,15 @@ async def send_email(payload: Email, ctx: JobContext) -> dict[str, Any]:
         raise PermanentError("set WORKER_EMAIL_SENDER and WORKER_EMAIL_TEMPLATES to send email")
     rendered = render(load_templates(settings.templates), payload.template, payload.variables)
     message = EmailMessage()
-    message["From"] = settings.sender
-    message["To"] = payload.to
-    message["Subject"] = rendered.subject
-    message["Message-ID"] = message_id(ctx.idempotency_key or mail_key(payload), settings.sender)
-    message["X-Template"] = f"{rendered.template}/{rendered.version}"
-    message.set_content(rendered.body)
+    try:
+        message["From"] = settings.sender
+        message["To"] = payload.to
+        message["Subject"] = rendered.subject
+        message["Message-ID"] = message_id(ctx.idempotency_key or mail_key(payload), settings.sender)
+        message["X-Template"] = f"{rendered.template}/{rendered.version}"
+        message.set_content(rendered.body)
+    except ValueError as exc:  # a line break in a header (a variable carrying "\r\nBcc: ..."): never sendable
+        raise PermanentError(f"the message cannot be built: {exc}") from None
     try:
         _, response = await aiosmtplib.send(
             message,
@@ -164,6 +167,8 @@ async def send_email(payload: Email, ctx: JobContext) -> dict[str, Any]:
         raise smtp_failure(first.code, first.message) from None
     except aiosmtplib.SMTPResponseException as exc:
         raise smtp_failure(exc.code, exc.message) from None
+    except aiosmtplib.SMTPNotSupported as exc:  # e.g. a non-ASCII address and a server without SMTPUTF8
+        raise PermanentError(f"the SMTP server cannot take this message: {exc}") from None
     except (aiosmtplib.SMTPException, OSError, TimeoutError) as exc:
         raise RetryableError(f"SMTP server unreachable: {type(exc).__name__}: {exc}") from None
     ctx.logger.info("email sent", extra={"template": rendered.template, "template_version": rendered.version})

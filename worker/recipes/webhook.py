@@ -147,7 +147,7 @@ def request_body(payload: Webhook, delivery_id: str) -> bytes:
 async def deliver(payload: Webhook, ctx: JobContext) -> dict[str, Any]:
     """POST one signed delivery; the outcome follows ``judge``."""
     settings = _configured or WebhookSettings()
-    if settings.secret is None:
+    if settings.secret is None or not settings.secret.get_secret_value().split():
         raise PermanentError("WORKER_WEBHOOK_SECRET is not set: webhooks are never sent unsigned")
     delivery_id = payload.id or ctx.idempotency_key or ctx.message_id
     body = request_body(payload, delivery_id)
@@ -158,7 +158,10 @@ async def deliver(payload: Webhook, ctx: JobContext) -> dict[str, Any]:
         "Webhook-Id": delivery_id,
         "Webhook-Event": payload.event,
         "Webhook-Timestamp": str(timestamp),
-        "Webhook-Signature": sign(settings.secret.get_secret_value(), timestamp=timestamp, body=body),
+        # Several space-separated secrets (a rotation): one signature each, the receiver's verify takes any.
+        "Webhook-Signature": " ".join(
+            sign(secret, timestamp=timestamp, body=body) for secret in settings.secret.get_secret_value().split()
+        ),
     }
     timeout = aiohttp.ClientTimeout(total=min(settings.timeout_s, max(0.1, ctx.time_left_s())))
     try:
