@@ -160,8 +160,8 @@ def _failures(response: Any) -> dict[int, EntryFailed]:
     }
 
 
-async def redrive_target_url(client: SQSClient, queue_url: str) -> str | None:
-    """The DLQ URL from the queue's redrive policy, or None when it has none."""
+async def redrive_policy(client: SQSClient, queue_url: str) -> dict[str, Any]:
+    """The queue's redrive policy (``deadLetterTargetArn``, ``maxReceiveCount``), or {} when it has none."""
     import json
 
     try:
@@ -169,9 +169,13 @@ async def redrive_target_url(client: SQSClient, queue_url: str) -> str | None:
     except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
         raise translate(exc, "GetQueueAttributes", resource=queue_url.rsplit("/", 1)[-1]) from exc
     policy = response.get("Attributes", {}).get("RedrivePolicy")
-    if not policy:
-        return None
-    arn = json.loads(policy).get("deadLetterTargetArn", "")
+    parsed = json.loads(policy) if policy else {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+async def redrive_target_url(client: SQSClient, queue_url: str) -> str | None:
+    """The DLQ URL from the queue's redrive policy, or None when it has none."""
+    arn = str((await redrive_policy(client, queue_url)).get("deadLetterTargetArn", ""))
     name = arn.rsplit(":", 1)[-1]
     if not name:
         return None

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from worker.backends.aws import async_client, client_config, is_transient, resolve_queue_url, translate
-from worker.backends.sqs import Queue, redrive_target_url
+from worker.backends.sqs import Queue, redrive_policy, redrive_target_url
 from worker.budgets import retry_delay_s, start_budget
 from worker.errors import ConfigError, QueueUnavailable
 from worker.jobs import Registry
@@ -25,6 +25,7 @@ from worker.settings import WorkerSettings
 if TYPE_CHECKING:
     from types_aiobotocore_sqs import SQSClient
 
+log = logging.getLogger("worker")
 
 #: A connection that SQS does not accept within this is given up (the call is retried on a new one).
 CONNECT_TIMEOUT_S = 3
@@ -88,10 +89,8 @@ async def wait_for_queue_set(
     client: SQSClient, settings: WorkerSettings, stop: asyncio.Event
 ) -> list[tuple[str, str, int]]:
     """``resolve_queue_set``, waiting out an unreachable endpoint as ``wait_for_endpoint`` says."""
-    import logging
     import random
 
-    log = logging.getLogger("worker")
     budget = start_budget(settings.start_timeout_s)
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -150,7 +149,7 @@ def local_gate(registry: Registry) -> Any:
 
     limited = [spec.name for spec in registry.specs() if spec.rate is not None or spec.breaker is not None]
     if limited:
-        logging.getLogger("worker").warning(
+        log.warning(
             "WORKER_IDEMPOTENCY_TABLE is not set: the rate limits and circuit breakers of %s are local to this "
             "process (each process of a fleet, WORKER_PROCESSES counted, applies them on its own)",
             ", ".join(limited),
@@ -164,6 +163,26 @@ def shared_gate(dynamodb: Any, table: str, *, owner: str) -> Any:
     from worker.flow.store import DynamoFlowStore
 
     return Gate(DynamoFlowStore(dynamodb, table), owner=owner)
+
+
+async def warn_low_receive_count(client: SQSClient, queue_url: str, registry: Registry) -> None:
+    """A warning at start when the queue's redrive maxReceiveCount is not above the largest ``max_attempts`` (as
+    ``bootstrap`` warns): SQS would move retried jobs to the DLQ before the worker dead-letters them, reasonless."""
+    count = (await redrive_policy(client, queue_url)).get("maxReceiveCount")
+    largest = max((spec.max_attempts for spec in registry.specs()), default=0)
+    try:
+        receives = int(str(count))
+    except ValueError:
+        return  # no redrive policy: the worker's own dead letters are the only ones
+    if receives <= largest:
+        log.warning(
+            "the queue %s moves a message to its DLQ after %d receives, not above the largest max_attempts (%d): "
+            "retried jobs may reach the DLQ without their reason; raise it (sqs-worker bootstrap sets %d)",
+            queue_name_of(queue_url),
+            receives,
+            largest,
+            registry.max_receive_count(fifo=queue_url.endswith(".fifo")),
+        )
 
 
 @contextlib.asynccontextmanager
@@ -183,6 +202,8 @@ async def open_worker(
             async_client("sqs", config=client_config(settings, validate=False), connection=connection)
         )
         queue_set = await wait_for_queue_set(sqs, settings, stop)
+        for url, _, _ in queue_set:
+            await warn_low_receive_count(sqs, url, registry)
         ledger: Any = None
         workflows: Any = None
         routes = [Route(Queue(sqs, url), Queue(sqs, dlq_url), weight) for url, dlq_url, weight in queue_set]

@@ -1,0 +1,40 @@
+"""What `run` checks about its queue at start, beside the settings: a redrive policy that would move retried jobs
+to the DLQ before the worker dead-letters them is named in a warning (as `bootstrap` warns)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.support.backends import Backend
+from tests.support.harness import sqs_client
+from worker.jobs import Registry
+from worker.ops.bootstrap import ensure_queues
+from worker.runtime.assemble import open_worker
+from worker.settings import WorkerSettings
+
+
+@pytest.mark.parametrize(("receives", "warned"), [(3, True), (7, False)])
+async def test_a_redrive_policy_below_the_attempts_is_named_at_start(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, receives: int, warned: bool
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", backend.endpoint_url)
+    created = ensure_queues(
+        sqs_client(backend.endpoint_url), f"start-{uuid.uuid4().hex[:8]}", max_receive_count=receives
+    )
+    registry = Registry()
+
+    @registry.job("flaky", max_attempts=5)
+    async def flaky(payload: dict[str, Any]) -> None: ...
+
+    settings = WorkerSettings(queue=created.queue_url, metrics="off")
+    with caplog.at_level(logging.WARNING, logger="worker"):
+        async with open_worker(settings, registry, stop=asyncio.Event()):
+            pass
+    lines = [r.getMessage() for r in caplog.records if "moves a message to its DLQ" in r.getMessage()]
+    expected = f"after {receives} receives, not above the largest max_attempts (5)"
+    assert (len(lines) == 1 and expected in lines[0]) if warned else lines == []
