@@ -32,7 +32,9 @@ def test_rates_parse(text: str, count: int, period_s: float) -> None:
     assert gcra.parse_rate(text) == gcra.Rate(count=count, period_s=period_s)
 
 
-@pytest.mark.parametrize("text", ["", "100", "100/", "0/m", "-1/m", "10/w", "x/m", "10/0s", "10 per minute"])
+@pytest.mark.parametrize(
+    "text", ["", "100", "100/", "0/m", "-1/m", "10/w", "x/m", "10/0s", "10 per minute", "100/M", "2/10M"]
+)
 def test_bad_rates_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="rate_limit"):
         gcra.parse_rate(text)

@@ -60,6 +60,8 @@ def parse_rate(text: str) -> Rate:
     Units: s, sec, m, min, h, hour, d, day. Raises ValueError with the accepted forms.
     """
     match = _RATE.match(text.lower()) if isinstance(text, str) else None
+    if match is not None and text.rstrip().endswith("M"):
+        raise ValueError(f"rate_limit {text!r}: 'M' could mean minutes or months; write 'm' (or 'min') for minutes")
     if match is None or match.group(3) not in _UNITS_S:
         raise ValueError(f"rate_limit {text!r}: expected COUNT/UNIT or COUNT/NUMBER UNIT, e.g. '100/m', '30/10s'")
     count = int(match.group(1))
