@@ -80,7 +80,7 @@ def test_uvloop_asked_for_but_not_installed_is_a_config_error(monkeypatch: pytes
     async def main() -> None:
         ran.append(True)
 
-    with pytest.raises(ConfigError, match=r"pip install 'sqs-worker\[uvloop\] @ <source>'"):
+    with pytest.raises(ConfigError, match=r"pip install '/path/to/sqs-worker\[uvloop\]'"):
         run_loop(WorkerSettings(queue="q", event_loop="uvloop"), main())
     assert ran == []
 
