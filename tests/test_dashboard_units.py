@@ -42,6 +42,15 @@ def test_alb_oidc_identifies_the_user_by_its_header() -> None:
     assert gate.identify({}, {}, None) is None
 
 
+def test_with_a_token_set_the_oidc_header_names_the_user_but_never_replaces_the_token() -> None:
+    """Token and ALB OIDC together: a forged x-amzn-oidc-identity without the token got in, actions and all."""
+    gate = Gate.create(token="s3cret", trust_alb_oidc=True, actions_enabled=True)
+    assert gate.identify({"x-amzn-oidc-identity": "mallory"}, {}, None) is None
+    both = {"x-amzn-oidc-identity": "ada@example.com", "authorization": "Bearer s3cret"}
+    assert gate.identify(both, {}, None) == "oidc:ada@example.com"
+    assert gate.identify({"authorization": "Bearer s3cret"}, {}, None) == "token"
+
+
 def test_csrf_tokens_are_per_user_and_per_process() -> None:
     gate = Gate.create(token=None, trust_alb_oidc=False, actions_enabled=True)
     other = Gate.create(token=None, trust_alb_oidc=False, actions_enabled=True)

@@ -65,18 +65,16 @@ class Gate:
         return cls(token or None, trust_alb_oidc, actions_enabled, secrets.token_bytes(32))
 
     def identify(self, headers: Mapping[str, str], cookies: Mapping[str, str], query_token: str | None) -> str | None:
-        """The user a request comes from, or None (401)."""
-        if self.trust_alb_oidc:
-            identity = headers.get(OIDC_IDENTITY_HEADER, "").strip()
-            if identity:
-                return f"oidc:{identity[:200]}"
+        """The user a request comes from, or None (401). With a token set every request needs it, also behind an
+        ALB (its OIDC header then only names the user): a header anyone can send never replaces the token."""
+        identity = headers.get(OIDC_IDENTITY_HEADER, "").strip() if self.trust_alb_oidc else ""
         if self.token is not None:
             offered = _bearer(headers.get("authorization", "")) or cookies.get(TOKEN_COOKIE) or query_token
-            if offered and hmac.compare_digest(offered.encode(), self.token.encode()):
-                return "token"
-            return None
+            if not (offered and hmac.compare_digest(offered.encode(), self.token.encode())):
+                return None
+            return f"oidc:{identity[:200]}" if identity else "token"
         if self.trust_alb_oidc:
-            return None
+            return f"oidc:{identity[:200]}" if identity else None
         return local_user()
 
     def csrf_token(self, user: str) -> str:
