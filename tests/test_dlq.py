@@ -78,6 +78,14 @@ def test_requeue_adds_the_audit_and_refuses_when_it_does_not_fit() -> None:
         requeue_attributes(crowded, by="a", at=at, reason="r")
 
 
+def test_requeue_audit_values_hold_only_characters_sqs_accepts() -> None:
+    """An ESC pasted from a terminal (or a NUL) in --reason or --by: SQS refused the send and nothing moved."""
+    at = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    attrs = requeue_attributes(letter(), by="ops\x07", at=at, reason="fixed \x1b[32mOK\x1b[0m\x00 \u202edone")
+    assert attrs["requeued_by"]["StringValue"] == "ops\ufffd"
+    assert attrs["requeue_reason"]["StringValue"] == "fixed \ufffd[32mOK\ufffd[0m\ufffd \u202edone"
+
+
 def test_rate_limiter_spaces_batches() -> None:
     now = [0.0]
     slept: list[float] = []

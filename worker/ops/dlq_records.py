@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from worker.deadletter import OUR_ATTRIBUTES
 from worker.envelope import parse_envelope
 from worker.errors import InvalidMessage, WorkerError
+from worker.policy import safe_text
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs.type_defs import MessageTypeDef
@@ -238,7 +239,9 @@ def redrive_attributes(letter: DeadLetter) -> dict[str, Any]:
 def requeue_attributes(letter: DeadLetter, *, by: str, at: datetime, reason: str) -> dict[str, Any]:
     """A requeued message's attributes: the original ones plus the audit (who, when, why, from which message).
 
-    Raises WorkerError when the audit does not fit beside the original attributes (SQS allows 10).
+    Raises WorkerError when the audit does not fit beside the original attributes (SQS allows 10). The audit's
+    values hold only characters SQS accepts (others become U+FFFD), as the dead-letter record's do; the log line
+    of each requeue keeps them exact.
     """
     attributes = {name: value for name, value in redrive_attributes(letter).items() if name not in AUDIT_ATTRIBUTES}
     audit = {
@@ -252,8 +255,8 @@ def requeue_attributes(letter: DeadLetter, *, by: str, at: datetime, reason: str
             f"message {letter.message_id} has {len(attributes)} attributes of its own: "
             f"the {len(audit)} audit attributes do not fit (SQS allows {MAX_MESSAGE_ATTRIBUTES})"
         )
-    for name, text in audit.items():
-        attributes[name] = {"DataType": "String", "StringValue": text}
+    for name, text in audit.items():  # characters SQS refuses (an ESC pasted from a terminal) become U+FFFD
+        attributes[name] = {"DataType": "String", "StringValue": safe_text(text)}
     return attributes
 
 
