@@ -77,6 +77,9 @@ async def test_sources_list_failed_jobs_live_workers_and_the_audit_trail_by_quer
     assert [record.key for record in sources.recent_jobs("IN_PROGRESS")] == ["invoice-2"]
     workers = sources.workers()
     assert [(w.owner, w.concurrency, w.busy, w.counts["succeeded"]) for w in workers] == [("alive", 8, 3, 5)]
+    assert sources.job("invoice-0") is not None
+    for key in (str(live["key"]["S"]), "sqs-worker:breakers"):  # the worker's own items: no job (was HTTP 500)
+        assert sources.job(key) is None
 
     sources.record_audit(who="ada", action="purge", why="test data", count=4, detail="purged")
     again = Sources(settings)  # kept in the table: another dashboard process sees it

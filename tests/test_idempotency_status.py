@@ -109,6 +109,23 @@ async def test_status_of_an_unknown_key_and_without_a_table(
     assert "WORKER_IDEMPOTENCY_TABLE" in err
 
 
+async def test_status_of_a_key_that_names_no_job_says_so_in_one_line(
+    backend: Backend,
+    ledger: Ledger,
+    dynamodb: DynamoDBClient,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The worker's own items (breakers, presence) and items something else wrote printed a traceback (exit 1)."""
+    table = ledger.table_name
+    await dynamodb.put_item(TableName=table, Item={"key": {"S": "sqs-worker:breakers"}, "keys": {"SS": ["a", "b"]}})
+    await dynamodb.put_item(TableName=table, Item={"key": {"S": "theirs"}, "status": {"S": "SOMETHING"}})
+    for key in ("sqs-worker:breakers", "sqs-worker#worker#host:1:ab", "theirs"):
+        code, out, err = await status(backend, key, table=table, monkeypatch=monkeypatch, capsys=capsys)
+        assert (code, out) == (3, ""), err
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
 async def test_the_installed_command_prints_the_record(backend: Backend, ledger: Ledger) -> None:
     """One run of the real entry point in a subprocess, as a user types it."""
     key = f"order-{uuid4().hex[:8]}"

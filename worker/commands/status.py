@@ -23,6 +23,7 @@ from worker.budgets import NO_RETRY
 from worker.commands import NOT_FOUND_EXIT, plain_help
 from worker.errors import ConfigError
 from worker.idempotency import Ledger, Record, storage_key
+from worker.idempotency.keys import is_worker_item
 from worker.settings import load_settings
 from worker.workflows import WorkflowStatus, load_status
 
@@ -47,7 +48,15 @@ def run(args: argparse.Namespace) -> int:
     table = args.table or load_settings(queue=_NO_QUEUE, queues="").idempotency_table
     if not table:
         raise ConfigError("no idempotency table: set WORKER_IDEMPOTENCY_TABLE or pass --table")
-    found = asyncio.run(fetch_any(table, storage_key(args.key)))
+    stored = storage_key(args.key)
+    if is_worker_item(stored):
+        print(f"{args.key!r} names the worker's own item (a rate limit, breaker or worker), not a job", file=sys.stderr)
+        return NOT_FOUND_EXIT
+    try:
+        found = asyncio.run(fetch_any(table, stored))
+    except ValueError as exc:  # an item of the table that is no job record (written by something else)
+        print(f"{args.key!r} holds no job record in table {table!r}: {exc}", file=sys.stderr)
+        return NOT_FOUND_EXIT
     now_ms = int(time.time() * 1000)
     if isinstance(found, WorkflowStatus):
         print(json.dumps(found.to_json(), ensure_ascii=False) if args.json else found.format())

@@ -26,6 +26,7 @@ from worker.backends.aws import resolve_queue_url_sync, sync_client, translate
 from worker.errors import ConfigError, LedgerUnavailable
 from worker.idempotency import Record, parse_record, storage_key
 from worker.idempotency.dynamodb import STATUS_INDEX, decode_item
+from worker.idempotency.keys import is_worker_item
 from worker.names import queue_name_of
 from worker.observability.metrics import JOBS_DEAD_LETTERED, JOBS_RETRIED, JOBS_SUCCEEDED, QUEUE
 from worker.ops.dlq import DeadLetterQueue, MoveResult, now_utc, redrive, requeue, resolve_dlq_url
@@ -254,7 +255,9 @@ class Sources:
     # -- the ledger
 
     def job(self, key: str) -> Record | None:
-        if self.dynamodb is None:
+        """The job record of ``key``; None when there is none (or the key names no job: one of the worker's own
+        items, or an item something else wrote)."""
+        if self.dynamodb is None or is_worker_item(storage_key(key)):
             return None
         try:
             response = self.dynamodb.get_item(
@@ -262,8 +265,11 @@ class Sources:
             )
         except (BotoCoreError, ClientError) as exc:
             raise self._unavailable("GetItem", exc) from exc
-        item = decode_item(response.get("Item"))
-        return parse_record(item) if item else None
+        try:
+            item = decode_item(response.get("Item"))
+            return parse_record(item) if item else None
+        except ValueError:
+            return None
 
     def _by_status(self, status: str, *, limit: int, since_ms: int = 0) -> list[dict[str, object]]:
         if self.dynamodb is None:

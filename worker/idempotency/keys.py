@@ -47,6 +47,16 @@ def payload_hash(job_type: str, payload: dict[str, Any]) -> str:
         raise InvalidMessage(INVALID_MESSAGE, "payload holds text that is not valid Unicode") from None
 
 
+#: The worker keeps its own items in the table beside job records (rate-limit slots, breakers, worker presence,
+#: the dashboard's audit trail); their keys begin so, and no job's may.
+WORKER_ITEM_PREFIXES = ("sqs-worker:", "sqs-worker#")
+
+
+def is_worker_item(key: str) -> bool:
+    """Whether ``key`` names one of the worker's own items, not a job record."""
+    return key.startswith(WORKER_ITEM_PREFIXES)
+
+
 def storage_key(key: str) -> str:
     """The key as stored: unchanged up to MAX_KEY_BYTES of UTF-8, else ``sha256:<hex of the key>``.
 

@@ -34,11 +34,17 @@ def ensure_queues(
     max_receive_count: int = 7,
     visibility_timeout_s: int = 30,
 ) -> Created:
-    """Create (or update) the queue and its DLQ with a redrive policy. Names, not URLs."""
+    """Create (or update) the queue and its DLQ with a redrive policy. Names, not URLs. Without ``dlq`` the DLQ is
+    the existing queue's redrive target (as the worker resolves it), else ``<queue>-dlq``: running it again never
+    points a queue at another DLQ."""
     from worker.names import default_dlq_name, queue_name_of
 
     queue_name = queue_name_of(queue)
-    dlq_name = queue_name_of(dlq) if dlq else default_dlq_name(queue_name)
+    try:
+        target = None if dlq else _redrive_target_name(client, queue_name)
+    except (BotoCoreError, ClientError, OSError) as exc:
+        raise translate(exc, "GetQueueAttributes", resource=queue_name, endpoint=client.meta.endpoint_url) from exc
+    dlq_name = queue_name_of(dlq) if dlq else target or default_dlq_name(queue_name)
     fifo = queue_name.endswith(".fifo")
     if fifo != dlq_name.endswith(".fifo"):
         raise ConfigError("a FIFO queue needs a FIFO dead-letter queue (both names end in .fifo), and vice versa")
@@ -71,6 +77,26 @@ def ensure_queues(
     except (BotoCoreError, ClientError, OSError) as exc:
         raise translate(exc, "CreateQueue", resource=queue_name, endpoint=client.meta.endpoint_url) from exc
     return Created(queue_url=queue_url, dlq_url=dlq_url, max_receive_count=max_receive_count)
+
+
+def _redrive_target_name(client: SQSClient, queue_name: str) -> str | None:
+    """The name of the DLQ an existing queue's redrive policy names; None for a new queue or one without a policy."""
+    try:
+        url = client.get_queue_url(QueueName=queue_name)["QueueUrl"]
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        if any(
+            word in str(error.get(field, ""))
+            for word in ("NonExistentQueue", "QueueDoesNotExist")
+            for field in ("Code", "QueryErrorCode")
+        ):
+            return None
+        raise
+    policy = client.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])["Attributes"].get(
+        "RedrivePolicy"
+    )
+    arn = str(json.loads(policy).get("deadLetterTargetArn", "")) if policy else ""
+    return arn.rsplit(":", 1)[-1] or None
 
 
 def _max_message_bytes(client: SQSClient, url: str) -> int:

@@ -167,8 +167,13 @@ def shared_gate(dynamodb: Any, table: str, *, owner: str) -> Any:
 
 async def warn_low_receive_count(client: SQSClient, queue_url: str, registry: Registry) -> None:
     """A warning at start when the queue's redrive maxReceiveCount is not above the largest ``max_attempts`` (as
-    ``bootstrap`` warns): SQS would move retried jobs to the DLQ before the worker dead-letters them, reasonless."""
-    count = (await redrive_policy(client, queue_url)).get("maxReceiveCount")
+    ``bootstrap`` warns): SQS would move retried jobs to the DLQ before the worker dead-letters them, reasonless.
+    A warning only: a policy that cannot be read now (the endpoint failing, no permission) stops nothing."""
+    try:
+        count = (await redrive_policy(client, queue_url)).get("maxReceiveCount")
+    except (QueueUnavailable, ConfigError) as exc:
+        log.debug("redrive policy of %s not read: %s", queue_name_of(queue_url), exc)
+        return
     largest = max((spec.max_attempts for spec in registry.specs()), default=0)
     try:
         receives = int(str(count))
