@@ -123,6 +123,8 @@ def test_bad_registrations_are_config_errors() -> None:
         ("zero", {"timeout_s": 0}, "timeout_s must be a finite number > 0"),
         ("base", {"backoff_base_s": float("nan")}, "must be finite numbers >= 0"),
         ("cap", {"backoff_max_s": -1}, "must be finite numbers >= 0"),
+        ("text", {"timeout_s": "5"}, "timeout_s must be a number, not str"),
+        ("half", {"max_attempts": 2.5}, "max_attempts must be a whole number"),
     ],
 )
 def test_a_job_the_envelope_could_not_name_or_time_is_refused(name: str, options: Any, fragment: str) -> None:

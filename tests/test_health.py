@@ -199,9 +199,10 @@ async def test_health_file_is_removed_even_when_a_companion_fails(
     ("overrides", "fragment"),
     [
         ({"health_file": "{tmp}/a-file/health"}, "WORKER_HEALTH_FILE={tmp}/a-file/health: cannot write the liveness"),
+        ({"health_file": "{tmp}"}, "WORKER_HEALTH_FILE={tmp}: cannot write the liveness file there: a folder"),
         ({"listen_host": "not a host", "health_port": 0}, "WORKER_LISTEN_HOST=not a host: not an address to listen on"),
     ],
-    ids=["health-file", "listen-host"],
+    ids=["health-file", "health-file-is-a-folder", "listen-host"],
 )
 async def test_a_start_setting_that_cannot_work_stops_the_start_naming_it(
     tmp_path: Path, overrides: dict[str, object], fragment: str

@@ -33,11 +33,20 @@ def test_parse_queue_set_names_weights_and_urls() -> None:
     )
     url = "http://127.0.0.1:4566/000000000000/jobs"
     assert parse_queue_set(f"{url}:4,{url}-low") == (QueueSpec(url, 4), QueueSpec(f"{url}-low", 1))
+    assert parse_queue_set("a: 5") == (QueueSpec("a", 5),)
 
 
 @pytest.mark.parametrize(
     ("text", "error"),
-    [("", "names no queue"), (" , ", "names no queue"), ("a:0", "1..1000"), ("a:1001", "1..1000"), (":3", "no queue")],
+    [
+        ("", "names no queue"),
+        (" , ", "names no queue"),
+        ("a:0", "1..1000"),
+        ("a:1001", "1..1000"),
+        (":3", "no queue"),
+        ("a:x,b", "a weight is a whole number"),  # was a queue named "x"
+        ("a:1.5", "a weight is a whole number"),
+    ],
 )
 def test_parse_queue_set_refuses_bad_sets(text: str, error: str) -> None:
     with pytest.raises(ValueError, match=error):

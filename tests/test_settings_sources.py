@@ -170,7 +170,7 @@ def test_a_bad_option_is_one_line(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("namespace", ["", "   ", "AWS/Lambda", "a|b", "x" * 256])
+@pytest.mark.parametrize("namespace", ["", "   ", "AWS/Lambda", "a|b", "x" * 256, ":abc", "Ünïcode"])
 def test_a_namespace_cloudwatch_would_refuse_stops_the_start(namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORKER_QUEUE", "jobs")
     monkeypatch.setenv("WORKER_METRICS_NAMESPACE", namespace)
@@ -178,3 +178,17 @@ def test_a_namespace_cloudwatch_would_refuse_stops_the_start(namespace: str, mon
         load_settings()
     monkeypatch.setenv("WORKER_METRICS_NAMESPACE", "My App/jobs #1: worker-a_b.c")
     assert load_settings().metrics_namespace == "My App/jobs #1: worker-a_b.c"
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [(["run", "--bogus"], "run"), (["dlq", "list", "--bogus"], "dlq list"), (["stats", "--json", "-x"], "stats")],
+)
+def test_an_unknown_option_names_the_help_of_its_command(argv: list[str], command: str, tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "worker.commands", *argv], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 2
+    assert run.stderr.endswith(f"(see sqs-worker {command} --help)\n")
+    assert run.stderr.startswith(f"sqs-worker {command}: error: unrecognized arguments: ")
+    assert len(run.stderr.splitlines()) == 1

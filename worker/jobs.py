@@ -123,6 +123,14 @@ class JobSpec:
     is_async: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError(f"job type {self.name!r}: must be a str")
+        for option in ("timeout_s", "backoff_base_s", "backoff_max_s"):
+            value = getattr(self, option)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"job {self.name!r}: {option} must be a number, not {type(value).__name__}")
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise ConfigError(f"job {self.name!r}: max_attempts must be a whole number")
         if not 1 <= len(self.name) <= MAX_TYPE_LENGTH:
             raise ConfigError(f"job type {self.name[:40]!r}: must be 1-{MAX_TYPE_LENGTH} characters, as the envelope's")
         if self.max_attempts < 1:

@@ -182,10 +182,10 @@ class WorkerSettings(BaseSettings):
     @classmethod
     def _cloudwatch_namespace(cls, value: str) -> str:
         """As CloudWatch takes it: 1-255 of its characters, not only spaces, not AWS's own (``AWS/``)."""
-        if not value.strip() or len(value) > 255 or not _NAMESPACE.fullmatch(value) or value.startswith("AWS/"):
+        if not value.strip() or len(value) > 255 or not _NAMESPACE.fullmatch(value) or value.startswith(("AWS/", ":")):
             raise ValueError(
-                "a CloudWatch namespace is 1-255 letters, digits, spaces and . - _ / # :, not only spaces, "
-                "and does not start with AWS/"
+                "a CloudWatch namespace is 1-255 ASCII letters, digits, spaces and . - _ / # :, not only spaces, "
+                "and starts with neither AWS/ nor ':'"
             )
         return value
 

@@ -53,6 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the command ``args`` were parsed for: ``dlq list`` for ``sqs-worker dlq list ...``."""
+    current = parser
+    while True:
+        commands = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, commands[0].dest, None) if commands else None
+        if not commands or name not in commands[0].choices:
+            return current
+        current = commands[0].choices[name]
+
+
 #: 128 + SIGPIPE: what a shell reports for ``cat big | head`` under ``set -o pipefail``.
 EXIT_BROKEN_PIPE = 141
 
@@ -74,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # said by the command they were given to, which names its own --help
+        chosen(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
     logging.getLogger("dotenv.main").disabled = True  # its warnings name no file; variable_warnings' do
     for warning in variable_warnings():
         print(f"sqs-worker: warning: {warning}", file=sys.stderr)

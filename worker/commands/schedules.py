@@ -94,12 +94,13 @@ def cmd_fire(args: argparse.Namespace) -> int:
     scheduled = datetime.now(UTC).replace(microsecond=0) if args.now else _scheduled_time(schedule, args.at)
     settings = load_settings()
     client = sync_client("sqs")
-    message_id = send_scheduled(client, settings.queue, schedule, scheduled)
-    print(f"{schedule.name} fired for {format_scheduled_time(scheduled)}: message {message_id}")
+    note = None  # read before the send: after it, a running worker may have completed this very message
     if settings.idempotency_table:
         note = _ledger_note(settings.idempotency_table, f"schedule:{schedule.name}:{format_scheduled_time(scheduled)}")
-        if note:
-            print(note)
+    message_id = send_scheduled(client, settings.queue, schedule, scheduled)
+    print(f"{schedule.name} fired for {format_scheduled_time(scheduled)}: message {message_id}")
+    if note:
+        print(note)
     return 0
 
 

@@ -39,7 +39,8 @@ def check_exposure(*, host: str, token: str | None, trust_alb_oidc: bool) -> Non
     """A ConfigError when the dashboard would listen beyond loopback with nobody checking who asks."""
     if not is_loopback(host) and not token and not trust_alb_oidc:
         raise ConfigError(
-            f"WORKER_DASHBOARD_HOST={host} is reachable from other hosts: set WORKER_DASHBOARD_TOKEN "
+            f"the dashboard host {host} (--host or WORKER_DASHBOARD_HOST) is reachable from other hosts: "
+            "set WORKER_DASHBOARD_TOKEN "
             "(or WORKER_DASHBOARD_TRUST_ALB_OIDC=true behind an ALB that authenticates users)"
         )
 

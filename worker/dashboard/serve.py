@@ -37,7 +37,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"WORKER_DASHBOARD_PORT={port}: cannot listen on {host}:{port}: {exc.strerror}") from None
+        where = f"port {port} (--port or WORKER_DASHBOARD_PORT)"
+        raise ConfigError(f"{where}: cannot listen on {host}:{port}: {exc.strerror}") from None
     sock.listen(128)
     sock.setblocking(False)
     return sock

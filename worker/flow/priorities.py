@@ -46,7 +46,7 @@ MAX_PER_RECEIVE = 10
 #: A weight is a whole number in this range.
 MAX_WEIGHT = 1000
 
-_WEIGHT = re.compile(r"^(?P<queue>.*):(?P<weight>\d+)$")
+_WEIGHT = re.compile(r"^(?P<queue>.*):\s*(?P<weight>\d+)\s*$")
 
 
 class Mode(StrEnum):
@@ -71,6 +71,8 @@ def parse_queue_set(text: str) -> tuple[QueueSpec, ...]:
             continue
         match = _WEIGHT.match(part)
         queue, weight = (match["queue"].strip(), int(match["weight"])) if match else (part, 1)
+        if not match and ":" in part and not part.startswith(("http://", "https://", "arn:")):
+            raise ValueError(f"{part!r}: a weight is a whole number 1..{MAX_WEIGHT} after the last ':'")
         if not queue:
             raise ValueError(f"{part!r} names no queue")
         if not 1 <= weight <= MAX_WEIGHT:

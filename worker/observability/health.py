@@ -83,6 +83,8 @@ def check_liveness_file(
 def check_liveness_folder(path: str | os.PathLike[str]) -> None:
     """Raise OSError unless the liveness file can be written at ``path`` (its folder made if missing); the file
     itself is not touched: it says the loop turned, and it has not yet."""
+    if Path(path).is_dir():
+        raise IsADirectoryError(21, "a folder, not a file", str(path))
     folder = Path(path).parent
     folder.mkdir(parents=True, exist_ok=True)
     fd, probe = tempfile.mkstemp(prefix=".health-", dir=folder)
