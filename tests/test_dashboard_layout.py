@@ -37,6 +37,16 @@ def dashboard(moto_backend: Backend, tmp_path: Path) -> Iterator[str]:
         category="permanent",
         error=f"refused: {RLO}evil{RLO}" + "x" * 300,
     )
+    deep: Any = "MARKER-AT-DEPTH-14"
+    for _ in range(12):
+        deep = {"d": deep}
+    dead_letter(
+        moto_backend.endpoint_url,
+        queues.dlq_url,
+        json.dumps({"type": "deep", "payload": deep}),
+        category="permanent",
+        error="PermanentError: card declined",
+    )
     env = worker_env(
         moto_backend.endpoint_url,
         TMP=str(tmp_path),
@@ -90,3 +100,20 @@ def test_long_and_bidi_values_stay_in_the_viewport_and_isolated(dashboard: str, 
         assert why and all(b == "isolate" and "\\u202eevil reason" in t for _, b, t in why), why
         assert page_width(page) <= WIDTH
         shot(page, "audit-hostile", tmp_path)
+
+
+def test_a_deep_body_is_shown_whole_and_a_narrow_window_scrolls_tables_not_errors(
+    dashboard: str, tmp_path: Path
+) -> None:
+    """A valid body 14 levels deep showed "..." below level 8 (the log redactor's cap); at 768 px a long job type
+    squeezed the error column to a few characters per line and pushed the table off the page."""
+    with chromium() as browser, signed_in_page(browser, dashboard, TOKEN, path="dead-letters", width=768) as page:
+        assert page_width(page) <= 768  # the tables scroll in their own box
+        widths = page.eval_on_selector_all("#groups td.err", "els => els.map(e => e.getBoundingClientRect().width)")
+        font_px = page.evaluate("parseFloat(getComputedStyle(document.querySelector('#groups td.err')).fontSize)")
+        assert widths and min(widths) >= 20 * font_px * 0.5, (widths, font_px)  # at least about 22 characters
+        shot(page, "dead-letters-narrow", tmp_path)
+        page.locator("#letters tbody tr", has_text="deep").locator("a").first.click()
+        page.wait_for_selector("#body")
+        assert "MARKER-AT-DEPTH-14" in page.inner_text("#body")
+        shot(page, "dead-letter-deep", tmp_path)

@@ -34,7 +34,7 @@ from worker.dashboard.config import DashboardSettings
 from worker.dashboard.display import shown, shown_block
 from worker.dashboard.history import History, columns
 from worker.dashboard.security import CSRF_FIELD, TOKEN_COOKIE, Gate
-from worker.dashboard.sources import Sources, counts_of, describe_result
+from worker.dashboard.sources import READ_LIMIT, Sources, counts_of, describe_result
 from worker.errors import WorkerError
 from worker.idempotency.ledger import State
 from worker.observability.logs import Redactor
@@ -43,9 +43,14 @@ from worker.ops.stats import format_age
 
 log = logging.getLogger("worker.dashboard")
 HERE = Path(__file__).parent
+#: A letter's body is shown this deep (deeper than any envelope the worker takes); below, BODY_CUT says so.
+BODY_MAX_DEPTH = 128
+BODY_CUT = "… deeper levels not shown: sqs-worker dlq show ID prints the whole body"
+#: Rows of the messages table (the groups above count every letter read).
+SHOWN_ROWS = 200
 ACTIONS = {
     "requeue": "Requeue the selected dead letters",
-    "requeue_group": "Requeue every dead letter of this group",
+    "requeue_group": "Requeue the dead letters read of this group",
     "redrive": "Redrive all dead letters to their queue",
     "purge": "Purge the dead-letter queue (cannot be undone)",
 }
@@ -119,7 +124,7 @@ class Dashboard:
             value = json.loads(body)
         except ValueError:
             return printable(self.redactor.redact_text(body))
-        return printable_json(self.redactor.redact(value))
+        return printable_json(self.redactor.redact(value, max_depth=BODY_MAX_DEPTH, cut=BODY_CUT))
 
 
 class AccessMiddleware(BaseHTTPMiddleware):
@@ -183,8 +188,10 @@ async def dead_letters_page(request: Request) -> Response:
     dashboard = _dash(request)
     query = request.query_params.get("q", "").strip()
     words = query.lower().split()
-    letters, audit = await asyncio.gather(
-        asyncio.to_thread(dashboard.sources.dead_letters), asyncio.to_thread(dashboard.sources.audit_trail)
+    letters, audit, total = await asyncio.gather(
+        asyncio.to_thread(dashboard.sources.dead_letters),
+        asyncio.to_thread(dashboard.sources.audit_trail),
+        asyncio.to_thread(dashboard.sources.dead_letter_total),
     )
     chosen = [
         q for q in letters if _matches(words, q.letter.error_message, q.letter.job_type, q.letter.category, q.queue)
@@ -195,6 +202,9 @@ async def dead_letters_page(request: Request) -> Response:
         query=query,
         letters=chosen,
         read=len(letters),
+        total=total,
+        read_limit=READ_LIMIT,
+        shown_rows=SHOWN_ROWS,
         groups=group_dead_letters([q.letter for q in chosen]),
         lanes=dashboard.sources.lanes,
         audit=audit,

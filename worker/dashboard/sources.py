@@ -213,6 +213,11 @@ class Sources:
         """Up to ``limit`` dead letters of each queue's DLQ, highest priority first, each with its queue."""
         return [QueuedLetter(lane.name, letter) for lane in self.lanes for letter in self.dlq(lane).read(limit=limit)]
 
+    def dead_letter_total(self) -> int | None:
+        """About how many letters the DLQs hold (ApproximateNumberOfMessages summed); None when one is unknown."""
+        counts = [self.dlq(lane).approximate_count() for lane in self.lanes]
+        return None if any(count is None for count in counts) else sum(c for c in counts if c is not None)
+
     def find(self, ident: str, *, limit: int = READ_LIMIT) -> QueuedLetter | None:
         for lane in self.lanes:
             letter = self.dlq(lane).find(ident, limit=limit)

@@ -131,10 +131,11 @@ class Redactor:
         self.remember(raw)
         return f"{match.group('prefix')}{REDACTED}"
 
-    def redact(self, value: Any, depth: int = 0) -> Any:
-        """A JSON-safe copy of ``value`` with secret fields replaced; unknown objects become their ``str``."""
-        if depth > MAX_DEPTH:
-            return "..."
+    def redact(self, value: Any, depth: int = 0, *, max_depth: int = MAX_DEPTH, cut: str = "...") -> Any:
+        """A JSON-safe copy of ``value`` with secret fields replaced; unknown objects become their ``str``; what
+        lies deeper than ``max_depth`` levels is replaced by ``cut``."""
+        if depth > max_depth:
+            return cut
         kind = type(value)
         if kind is str:
             return self.redact_text(value)
@@ -148,10 +149,10 @@ class Redactor:
                     self._remember_all(item)
                     out[name] = REDACTED
                 else:
-                    out[name] = self.redact(item, depth + 1)
+                    out[name] = self.redact(item, depth + 1, max_depth=max_depth, cut=cut)
             return out
         if isinstance(value, list | tuple | set | frozenset):
-            return [self.redact(item, depth + 1) for item in value]
+            return [self.redact(item, depth + 1, max_depth=max_depth, cut=cut) for item in value]
         if isinstance(value, bool | int | float) or value is None:
             return value
         return self.redact_text(value if isinstance(value, str) else str(value))
