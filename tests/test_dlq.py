@@ -276,6 +276,9 @@ def test_requeue_by_category(backend: Backend, queues: Created, capsys: pytest.C
     assert count(backend.endpoint_url, queues.dlq_url) == 4
     code, _, err = run_cli(capsys, "dlq", "requeue", "--reason", "r")
     assert code == 2
+    code, _, err = run_cli(capsys, "dlq", "requeue", "--category", "bgu", "--reason", "r")  # a typo: not a success
+    assert (code, err.strip()) == (3, "no dead letters of category 'bgu'")
+    assert count(backend.endpoint_url, queues.dlq_url) == 4
 
 
 def test_purge_needs_yes(backend: Backend, queues: Created, capsys: pytest.CaptureFixture[str]) -> None:

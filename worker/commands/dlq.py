@@ -274,8 +274,9 @@ def run_requeue(args: argparse.Namespace) -> int:
     missing = sorted(wanted - found)
     for ident in missing:  # not a message left behind: there is none with that id (among those read)
         _not_found(ident, args.limit)
-    if not chosen_any and args.category:
+    if not chosen_any and args.category:  # nothing by that name (a typo'd category is no success)
         print(f"no dead letters of category '{printable(args.category)}'", file=sys.stderr)
+        return NOT_FOUND_EXIT
     return 1 if missing else max(codes)
 
 

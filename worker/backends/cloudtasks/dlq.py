@@ -207,8 +207,9 @@ async def _requeue(args: argparse.Namespace) -> int:
         print(f"requeued {old} as {new}")
     for ident in missing:
         print(f"no dead letter with id {printable(ident)} in {store.table}", file=sys.stderr)
-    if not chosen and args.category:
+    if not chosen and args.category:  # nothing by that name, as dlq show (exit 3)
         print(f"no dead letters of category '{printable(args.category)}'", file=sys.stderr)
+        return 3
     code = _report(result, f"requeue to {store.queue}")
     return 1 if missing else code
 
