@@ -160,6 +160,7 @@ def test_requeue_moves_exactly_the_selected_dead_letters_and_the_audit_shows_it(
     assert "issuer fixed the outage" in audit
     assert "\t2\t" in audit
     assert "token" in audit  # who: the dashboard's token holder
+    assert stack.queues.dlq_url.rsplit("/", 1)[-1] + ": moved 2 of 2" in audit  # which DLQ (a table is shared)
     shot(page, "audit", tmp_path)
 
 

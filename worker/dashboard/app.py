@@ -271,7 +271,8 @@ async def dead_letter_action(request: Request) -> Response:
         else:
             chosen_group = group if action == "requeue_group" else None
             result = await asyncio.to_thread(sources.requeue, ids=ids, group=chosen_group, by=user, reason=reason)
-        outcome, detail = result.moved, describe_result(result)
+        names = ", ".join(lane.dlq_name for lane in sources.lanes)  # a table shared by dashboards: say which DLQs
+        outcome, detail = result.moved, f"{names}: {describe_result(result)}"
     log.info("dashboard action", extra={"event": "dashboard_action", "action": action, "by": user, "reason": reason})
     try:
         await asyncio.to_thread(sources.record_audit, who=user, action=action, why=reason, count=outcome, detail=detail)
