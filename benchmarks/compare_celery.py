@@ -462,7 +462,8 @@ def measure_side(side: Side, endpoint_url: str, args: argparse.Namespace, scratc
             run.process = subprocess.Popen(  # noqa: S603 - our own fixed command line
                 command,
                 env=env,
-                cwd=ROOT,
+                # The baseline runs in its own tree: from ours, our worker/ folder would shadow its package.
+                cwd=args.baseline_src if run.side.baseline else ROOT,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
