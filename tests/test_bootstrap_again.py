@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import uuid
 
+import pytest
+
 from tests.support.backends import Backend
 from tests.support.harness import sqs_client
+from worker.commands.__main__ import main
 from worker.ops.bootstrap import ensure_queues
 
 
@@ -31,3 +34,23 @@ def test_bootstrap_of_a_new_queue_makes_its_dlq(backend: Backend) -> None:
     created = ensure_queues(client, name)
     assert created.dlq_url.endswith(f"/{name}-dlq")
     assert ensure_queues(client, name).dlq_url == created.dlq_url  # again: the same DLQ
+
+
+def test_bootstrap_never_lowers_a_count_someone_raised_unless_told(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FIFO queue set to 500 for its rate-limited jobs went back to the default on the next bootstrap."""
+    client = sqs_client(backend.endpoint_url)
+    name = f"raised-{uuid.uuid4().hex[:8]}"
+    ensure_queues(client, name, max_receive_count=500)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", backend.endpoint_url)
+    monkeypatch.setenv("WORKER_QUEUE", name)
+    monkeypatch.delenv("WORKER_MAX_RECEIVE_COUNT", raising=False)
+    monkeypatch.delenv("WORKER_HANDLERS", raising=False)
+    assert main(["bootstrap"]) == 0
+    assert "(maxReceiveCount 500)" in capsys.readouterr().out
+    assert main(["bootstrap", "--max-receive-count", "12"]) == 0  # asked for: set as asked
+    assert "(maxReceiveCount 12)" in capsys.readouterr().out
+    url = client.get_queue_url(QueueName=name)["QueueUrl"]
+    policy = client.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])["Attributes"]
+    assert int(json.loads(policy["RedrivePolicy"])["maxReceiveCount"]) == 12

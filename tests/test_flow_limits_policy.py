@@ -377,3 +377,13 @@ async def test_a_hold_never_lies_beyond_a_day_even_behind_a_long_backlog() -> No
         delays.append(decision.delay_s if decision.step is Step.HOLD else 0)
     assert delays[0] == 0  # the first runs now
     assert delays[1:] == [MAX_HOLD_S] * 14
+
+
+def test_breakers_list_says_when_a_half_open_breaker_waits_for_its_next_probe() -> None:
+    """A probe given back (cut off at shutdown) leaves half-open without a probe: it said 'probe running until None'."""
+    from worker.commands.breakers import format_line
+
+    given_back = policy.Record(state=State.HALF_OPEN, probe_owner=None, probe_until_ms=0, changed_at_ms=1)
+    assert format_line("api", given_back, now_ms=10).endswith("no probe running: the next job probes")
+    running = policy.Record(state=State.HALF_OPEN, probe_owner="w1", probe_until_ms=1_767_225_600_000)
+    assert format_line("api", running, now_ms=10).endswith("probe running until 2026-01-01T00:00:00.000Z at the latest")

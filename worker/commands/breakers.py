@@ -109,6 +109,8 @@ def format_line(key: str, record: Record, now_ms: int) -> str:
         detail = f"open until {fields['open_until']}" + (
             " (cool-down over: next job probes)" if fields["probe_due"] else ""
         )
+    elif record.state is State.HALF_OPEN and fields["probe_until"] is None:  # a probe given back (not counted)
+        detail = "no probe running: the next job probes"
     elif record.state is State.HALF_OPEN:
         detail = f"probe running until {fields['probe_until']} at the latest"
     return f"{key}\t{record.state.value}\t{detail}"

@@ -147,6 +147,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
             dlq=settings.dead_letter_queue,
             max_receive_count=max_receive_count,
             visibility_timeout_s=settings.visibility_timeout_s,
+            keep_higher_count=chosen is None,  # a default never lowers a count someone raised
         )
         print(f"queue:             {created.queue_url}")
         print(f"dead-letter queue: {created.dlq_url} (maxReceiveCount {created.max_receive_count})")

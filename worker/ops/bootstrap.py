@@ -33,18 +33,22 @@ def ensure_queues(
     dlq: str | None = None,
     max_receive_count: int = 7,
     visibility_timeout_s: int = 30,
+    keep_higher_count: bool = False,
 ) -> Created:
     """Create (or update) the queue and its DLQ with a redrive policy. Names, not URLs. Without ``dlq`` the DLQ is
     the existing queue's redrive target (as the worker resolves it), else ``<queue>-dlq``: running it again never
-    points a queue at another DLQ."""
+    points a queue at another DLQ. ``keep_higher_count``: an existing policy's larger maxReceiveCount stays (a
+    default never lowers what someone raised)."""
     from worker.names import default_dlq_name, queue_name_of
 
     queue_name = queue_name_of(queue)
     try:
-        target = None if dlq else _redrive_target_name(client, queue_name)
+        target, existing_count = _existing_redrive(client, queue_name)
     except (BotoCoreError, ClientError, OSError) as exc:
         raise translate(exc, "GetQueueAttributes", resource=queue_name, endpoint=client.meta.endpoint_url) from exc
     dlq_name = queue_name_of(dlq) if dlq else target or default_dlq_name(queue_name)
+    if keep_higher_count and existing_count is not None:
+        max_receive_count = max(max_receive_count, existing_count)
     fifo = queue_name.endswith(".fifo")
     if fifo != dlq_name.endswith(".fifo"):
         raise ConfigError("a FIFO queue needs a FIFO dead-letter queue (both names end in .fifo), and vice versa")
@@ -79,8 +83,9 @@ def ensure_queues(
     return Created(queue_url=queue_url, dlq_url=dlq_url, max_receive_count=max_receive_count)
 
 
-def _redrive_target_name(client: SQSClient, queue_name: str) -> str | None:
-    """The name of the DLQ an existing queue's redrive policy names; None for a new queue or one without a policy."""
+def _existing_redrive(client: SQSClient, queue_name: str) -> tuple[str | None, int | None]:
+    """The DLQ name and maxReceiveCount an existing queue's redrive policy names; (None, None) for a new queue or
+    one without a policy."""
     try:
         url = client.get_queue_url(QueueName=queue_name)["QueueUrl"]
     except ClientError as exc:
@@ -90,13 +95,18 @@ def _redrive_target_name(client: SQSClient, queue_name: str) -> str | None:
             for word in ("NonExistentQueue", "QueueDoesNotExist")
             for field in ("Code", "QueryErrorCode")
         ):
-            return None
+            return None, None
         raise
     policy = client.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])["Attributes"].get(
         "RedrivePolicy"
     )
-    arn = str(json.loads(policy).get("deadLetterTargetArn", "")) if policy else ""
-    return arn.rsplit(":", 1)[-1] or None
+    parsed = json.loads(policy) if policy else {}
+    arn = str(parsed.get("deadLetterTargetArn", ""))
+    try:
+        count: int | None = int(parsed["maxReceiveCount"])
+    except (KeyError, TypeError, ValueError):
+        count = None
+    return arn.rsplit(":", 1)[-1] or None, count
 
 
 def _max_message_bytes(client: SQSClient, url: str) -> int:
