@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 import pytest
 
 from tests.support.backends import Backend
 from tests.support.harness import sqs_client
 from worker.commands.__main__ import main
+from worker.names import parse_redrive_policy
 from worker.ops.bootstrap import ensure_queues
 
 
@@ -54,3 +56,20 @@ def test_bootstrap_never_lowers_a_count_someone_raised_unless_told(
     url = client.get_queue_url(QueueName=name)["QueueUrl"]
     policy = client.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])["Attributes"]
     assert int(json.loads(policy["RedrivePolicy"])["maxReceiveCount"]) == 12
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"deadLetterTargetArn": "arn:aws:sqs:eu-west-1:1:jobs-dlq", "maxReceiveCount": "7"}', ("jobs-dlq", 7)),
+        ('{"deadLetterTargetArn": "arn:aws:sqs:eu-west-1:1:jobs-dlq", "maxReceiveCount": 12}', ("jobs-dlq", 12)),
+        (None, (None, None)),
+        ("", (None, None)),
+        ("not json", (None, None)),
+        ('["a list"]', (None, None)),
+        ('{"maxReceiveCount": "many"}', (None, None)),
+    ],
+)
+def test_a_redrive_policy_reads_as_its_dlq_name_and_count(text: str | None, expected: tuple[Any, Any]) -> None:
+    """One parser for the worker's start, the dlq commands and bootstrap."""
+    assert parse_redrive_policy(text) == expected

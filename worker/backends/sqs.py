@@ -12,14 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.backends.aws import freeze_user_agent, resolve_queue_url, translate
+from worker.backends.aws import freeze_user_agent, translate
 from worker.backends.batching import Batcher, EntryFailed
 from worker.backends.protocols import Message
+from worker.names import parse_redrive_policy
 
 if TYPE_CHECKING:
     from types_aiobotocore_sqs import SQSClient
 
-__all__ = ["Message", "Queue", "redrive_target_url"]
+__all__ = ["Message", "Queue", "redrive_policy"]
 
 #: The system attributes the worker reads (receive count, enqueue time, FIFO group) and keeps for FIFO messages;
 #: asking for "All" makes SQS send, and botocore parse, more of them with every message.
@@ -160,23 +161,10 @@ def _failures(response: Any) -> dict[int, EntryFailed]:
     }
 
 
-async def redrive_policy(client: SQSClient, queue_url: str) -> dict[str, Any]:
-    """The queue's redrive policy (``deadLetterTargetArn``, ``maxReceiveCount``), or {} when it has none."""
-    import json
-
+async def redrive_policy(client: SQSClient, queue_url: str) -> tuple[str | None, int | None]:
+    """The DLQ name and maxReceiveCount of the queue's redrive policy (``names.parse_redrive_policy``)."""
     try:
         response = await client.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["RedrivePolicy"])
     except (TimeoutError, BotoCoreError, ClientError, OSError) as exc:
         raise translate(exc, "GetQueueAttributes", resource=queue_url.rsplit("/", 1)[-1]) from exc
-    policy = response.get("Attributes", {}).get("RedrivePolicy")
-    parsed = json.loads(policy) if policy else {}
-    return parsed if isinstance(parsed, dict) else {}
-
-
-async def redrive_target_url(client: SQSClient, queue_url: str) -> str | None:
-    """The DLQ URL from the queue's redrive policy, or None when it has none."""
-    arn = str((await redrive_policy(client, queue_url)).get("deadLetterTargetArn", ""))
-    name = arn.rsplit(":", 1)[-1]
-    if not name:
-        return None
-    return await resolve_queue_url(client, name)
+    return parse_redrive_policy(response.get("Attributes", {}).get("RedrivePolicy"))

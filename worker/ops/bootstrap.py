@@ -10,6 +10,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from worker.backends.aws import translate
 from worker.errors import ConfigError
+from worker.names import parse_redrive_policy
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
@@ -97,16 +98,8 @@ def _existing_redrive(client: SQSClient, queue_name: str) -> tuple[str | None, i
         ):
             return None, None
         raise
-    policy = client.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])["Attributes"].get(
-        "RedrivePolicy"
-    )
-    parsed = json.loads(policy) if policy else {}
-    arn = str(parsed.get("deadLetterTargetArn", ""))
-    try:
-        count: int | None = int(parsed["maxReceiveCount"])
-    except (KeyError, TypeError, ValueError):
-        count = None
-    return arn.rsplit(":", 1)[-1] or None, count
+    attributes = client.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])["Attributes"]
+    return parse_redrive_policy(attributes.get("RedrivePolicy"))
 
 
 def _max_message_bytes(client: SQSClient, url: str) -> int:

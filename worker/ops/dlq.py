@@ -33,7 +33,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from worker.backends.aws import describe, resolve_queue_url_sync, translate
 from worker.errors import QueueUnavailable, WorkerError
-from worker.names import default_dlq_name, queue_name_of
+from worker.names import default_dlq_name, parse_redrive_policy, queue_name_of
 from worker.ops.dlq_records import DeadLetter, Snapshot, move_task_poll_s, redrive_attributes, requeue_attributes
 from worker.ops.progress import Progress, RateLimiter
 
@@ -69,15 +69,8 @@ def resolve_dlq_url(sqs: SQSClient, source_url: str, dead_letter_queue: str | No
     """WORKER_DEAD_LETTER_QUEUE, else the source queue's redrive target, else ``<queue>-dlq``."""
     if dead_letter_queue:
         return resolve_queue_url_sync(sqs, dead_letter_queue)
-    policy = queue_attributes(sqs, source_url, ["RedrivePolicy"]).get("RedrivePolicy")
-    if policy:
-        try:
-            target = json.loads(policy).get("deadLetterTargetArn", "")
-        except ValueError:
-            target = ""
-        if target:
-            return resolve_queue_url_sync(sqs, queue_name_of(target))
-    return resolve_queue_url_sync(sqs, default_dlq_name(queue_name_of(source_url)))
+    target, _ = parse_redrive_policy(queue_attributes(sqs, source_url, ["RedrivePolicy"]).get("RedrivePolicy"))
+    return resolve_queue_url_sync(sqs, target or default_dlq_name(queue_name_of(source_url)))
 
 
 class DeadLetterQueue:

@@ -9,10 +9,11 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from worker.backends.aws import async_client, client_config, is_transient, resolve_queue_url, translate
-from worker.backends.sqs import Queue, redrive_policy, redrive_target_url
+from worker.backends.sqs import Queue, redrive_policy
 from worker.budgets import retry_delay_s, start_budget
 from worker.errors import ConfigError, QueueUnavailable
 from worker.jobs import Registry
@@ -49,15 +50,9 @@ __all__ = [
 ]
 
 
-async def resolve_dlq_url(client: SQSClient, settings: WorkerSettings, queue_url: str) -> str:
-    """WORKER_DEAD_LETTER_QUEUE, else the queue's redrive target, else ``<queue>-dlq``."""
-    if settings.dead_letter_queue:
-        candidate = settings.dead_letter_queue
-    else:
-        target = await redrive_target_url(client, queue_url)
-        if target is not None:
-            return target
-        candidate = default_dlq_name(queue_name_of(queue_url))
+async def resolve_dlq_url(client: SQSClient, settings: WorkerSettings, queue_url: str, target: str | None) -> str:
+    """WORKER_DEAD_LETTER_QUEUE, else the queue's redrive ``target`` (a name), else ``<queue>-dlq``."""
+    candidate = settings.dead_letter_queue or target or default_dlq_name(queue_name_of(queue_url))
     try:
         return await resolve_queue_url(client, candidate)
     except ConfigError as exc:
@@ -67,13 +62,26 @@ async def resolve_dlq_url(client: SQSClient, settings: WorkerSettings, queue_url
         ) from exc
 
 
-async def resolve_queue_set(client: SQSClient, settings: WorkerSettings) -> list[tuple[str, str, int]]:
-    """The URL, DLQ URL and weight of each queue to consume (WORKER_QUEUES, else WORKER_QUEUE), highest priority
-    first. Each queue of a set dead-letters into its own DLQ: its redrive target, else ``<queue>-dlq``."""
+@dataclass(frozen=True)
+class Resolved:
+    """One queue to consume: its URL, its DLQ's URL, its weight, and its redrive policy's maxReceiveCount."""
+
+    queue_url: str
+    dlq_url: str
+    weight: int
+    max_receive_count: int | None
+
+
+async def resolve_queue_set(client: SQSClient, settings: WorkerSettings) -> list[Resolved]:
+    """Each queue to consume (WORKER_QUEUES, else WORKER_QUEUE), highest priority first. Each queue of a set
+    dead-letters into its own DLQ: its redrive target, else ``<queue>-dlq``. One read of each queue's redrive
+    policy serves both the DLQ and the start's maxReceiveCount check."""
     resolved = []
     for spec in settings.queue_set():
         queue_url = await resolve_queue_url(client, spec.queue)
-        resolved.append((queue_url, await resolve_dlq_url(client, settings, queue_url), spec.weight))
+        target, receives = await redrive_policy(client, queue_url)
+        dlq_url = await resolve_dlq_url(client, settings, queue_url, target)
+        resolved.append(Resolved(queue_url, dlq_url, spec.weight, receives))
     return resolved
 
 
@@ -81,13 +89,11 @@ async def wait_for_endpoint(client: SQSClient, settings: WorkerSettings, stop: a
     """Resolve the queue and DLQ URLs, waiting out an unreachable endpoint for WORKER_START_TIMEOUT_S (the start
     budget of ``worker.budgets``); then, or when ``stop`` is set, the last QueueUnavailable is raised. (The first
     queue of a set; ``wait_for_queue_set`` resolves them all.)"""
-    queue_url, dlq_url, _ = (await wait_for_queue_set(client, settings, stop))[0]
-    return queue_url, dlq_url
+    first = (await wait_for_queue_set(client, settings, stop))[0]
+    return first.queue_url, first.dlq_url
 
 
-async def wait_for_queue_set(
-    client: SQSClient, settings: WorkerSettings, stop: asyncio.Event
-) -> list[tuple[str, str, int]]:
+async def wait_for_queue_set(client: SQSClient, settings: WorkerSettings, stop: asyncio.Event) -> list[Resolved]:
     """``resolve_queue_set``, waiting out an unreachable endpoint as ``wait_for_endpoint`` says."""
     import random
 
@@ -165,21 +171,13 @@ def shared_gate(dynamodb: Any, table: str, *, owner: str) -> Any:
     return Gate(DynamoFlowStore(dynamodb, table), owner=owner)
 
 
-async def warn_low_receive_count(client: SQSClient, queue_url: str, registry: Registry) -> None:
+def warn_low_receive_count(queue: Resolved, registry: Registry) -> None:
     """A warning at start when the queue's redrive maxReceiveCount is not above the largest ``max_attempts`` (as
     ``bootstrap`` warns): SQS would move retried jobs to the DLQ before the worker dead-letters them, reasonless.
-    A warning only: a policy that cannot be read now (the endpoint failing, no permission) stops nothing."""
-    try:
-        count = (await redrive_policy(client, queue_url)).get("maxReceiveCount")
-    except (QueueUnavailable, ConfigError) as exc:
-        log.debug("redrive policy of %s not read: %s", queue_name_of(queue_url), exc)
-        return
+    No redrive policy: the worker's own dead letters are the only ones."""
+    queue_url, receives = queue.queue_url, queue.max_receive_count
     largest = max((spec.max_attempts for spec in registry.specs()), default=0)
-    try:
-        receives = int(str(count))
-    except ValueError:
-        return  # no redrive policy: the worker's own dead letters are the only ones
-    if receives <= largest:
+    if receives is not None and receives <= largest:
         log.warning(
             "the queue %s moves a message to its DLQ after %d receives, not above the largest max_attempts (%d): "
             "retried jobs may reach the DLQ without their reason; raise it (sqs-worker bootstrap sets %d)",
@@ -207,11 +205,11 @@ async def open_worker(
             async_client("sqs", config=client_config(settings, validate=False), connection=connection)
         )
         queue_set = await wait_for_queue_set(sqs, settings, stop)
-        for url, _, _ in queue_set:
-            await warn_low_receive_count(sqs, url, registry)
+        for resolved in queue_set:
+            warn_low_receive_count(resolved, registry)
         ledger: Any = None
         workflows: Any = None
-        routes = [Route(Queue(sqs, url), Queue(sqs, dlq_url), weight) for url, dlq_url, weight in queue_set]
+        routes = [Route(Queue(sqs, q.queue_url), Queue(sqs, q.dlq_url), q.weight) for q in queue_set]
         gate = None
         if settings.idempotency_table:
             from worker.idempotency import Ledger
