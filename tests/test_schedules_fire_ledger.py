@@ -75,3 +75,17 @@ async def test_fire_says_a_done_slot_is_skipped_and_now_fires_a_fresh_run(
     assert len(keys) == 2 and len(fresh) == 1
     assert fresh[0] >= f"schedule:tick:{before:%Y-%m-%dT%H:%M:%SZ}"  # keyed by the current time, a fresh key
     assert f"tick fired for {fresh[0].removeprefix('schedule:tick:')}: message " in out
+
+
+def test_the_key_a_fire_is_checked_by_is_the_key_its_message_carries() -> None:
+    """`schedules fire` and the dashboard's fire now read the ledger by Schedule.idempotency_key."""
+    from datetime import UTC, datetime
+
+    import yaml
+
+    from worker.scheduling.schedules import parse_schedules
+
+    [schedule] = parse_schedules(yaml.safe_load(SCHEDULES))
+    slot = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+    body = json.loads(schedule.message_body(slot))
+    assert body["idempotency_key"] == schedule.idempotency_key(slot) == "schedule:tick:2026-11-30T08:00:00Z"

@@ -96,7 +96,7 @@ def cmd_fire(args: argparse.Namespace) -> int:
     client = sync_client("sqs")
     note = None  # read before the send: after it, a running worker may have completed this very message
     if settings.idempotency_table:
-        note = _ledger_note(settings.idempotency_table, f"schedule:{schedule.name}:{format_scheduled_time(scheduled)}")
+        note = _ledger_note(settings.idempotency_table, schedule.idempotency_key(scheduled))
     message_id = send_scheduled(client, settings.queue, schedule, scheduled)
     print(f"{schedule.name} fired for {format_scheduled_time(scheduled)}: message {message_id}")
     if note:
@@ -113,23 +113,13 @@ def _ledger_note(table: str, key: str) -> str | None:
 
     from worker.commands.status import fetch
     from worker.errors import WorkerError
-    from worker.idempotency.ledger import State
+    from worker.ops.fire import skip_note
 
     try:
         record = asyncio.run(fetch(table, key))
-    except (WorkerError, BotoCoreError, ClientError) as exc:  # the message is sent: say what is unknown, not fail
+    except (WorkerError, BotoCoreError, ClientError) as exc:  # say what is unknown, not fail
         return f"note: could not read key {key} in table {table} ({exc}): whether the worker runs it is unknown"
-    if record is None:
-        return None
-    state = record.state(int(time.time() * 1000))
-    if state is State.COMPLETED:
-        return (
-            f"note: key {key} is already COMPLETED in table {table}: the worker will skip this message as a "
-            "duplicate; for a fresh run: sqs-worker schedules fire NAME --now"
-        )
-    if state is State.RUNNING:
-        return f"note: key {key} is RUNNING in table {table}: the worker skips this message if that run completes"
-    return None
+    return skip_note(key, record, table=table, now_ms=int(time.time() * 1000))
 
 
 def _scheduled_time(schedule: Schedule, at: str | None) -> datetime:

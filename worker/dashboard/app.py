@@ -36,7 +36,6 @@ from worker.dashboard.history import History, columns
 from worker.dashboard.security import CSRF_FIELD, TOKEN_COOKIE, Gate
 from worker.dashboard.sources import READ_LIMIT, Sources, counts_of, describe_result
 from worker.errors import WorkerError
-from worker.idempotency.ledger import State
 from worker.observability.logs import Redactor
 from worker.ops.dlq_records import group_dead_letters, printable, printable_json
 from worker.ops.stats import format_age
@@ -319,7 +318,7 @@ async def schedules_page(request: Request) -> Response:
 
 
 async def fire_schedule(request: Request) -> Response:
-    from worker.ops.fire import send_scheduled
+    from worker.ops.fire import send_scheduled, skip_note
     from worker.scheduling.schedules import find_schedule, format_scheduled_time, load_schedules
 
     dashboard = _dash(request)
@@ -340,15 +339,15 @@ async def fire_schedule(request: Request) -> Response:
     now = datetime.now(UTC).replace(microsecond=0)
     scheduled = schedule.latest_fire_time(now) or now
     sources = dashboard.sources
-    key = f"schedule:{schedule.name}:{format_scheduled_time(scheduled)}"
-    done_before = await asyncio.to_thread(sources.job, key)  # before the send, as `schedules fire` reads it
+    key = schedule.idempotency_key(scheduled)
+    note = None
+    if sources.table:  # read before the send, as `schedules fire` reads it
+        record = await asyncio.to_thread(sources.job, key)
+        note = skip_note(key, record, table=sources.table, now_ms=int(time.time() * 1000))
     message_id = await asyncio.to_thread(send_scheduled, sources.sqs, sources.queue_url, schedule, scheduled)
     detail = f"{schedule.name} fired for {format_scheduled_time(scheduled)}: message {message_id}"
-    if done_before is not None and done_before.state(int(time.time() * 1000)) is State.COMPLETED:
-        detail += (
-            f"; but key {key} is already COMPLETED: the worker skips this message as a duplicate "
-            f"(for a fresh run: sqs-worker schedules fire {schedule.name} --now)"
-        )
+    if note:
+        detail += f"; {note}"
     with contextlib.suppress(WorkerError):
         await asyncio.to_thread(
             sources.record_audit, who=request.state.user, action="fire", why=reason, count=1, detail=detail

@@ -14,7 +14,24 @@ from worker.names import queue_name_of
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
 
+    from worker.idempotency import Record
     from worker.scheduling.schedules import Schedule
+
+
+def skip_note(key: str, record: Record | None, *, table: str, now_ms: int) -> str | None:
+    """What the worker will do with a fired slot whose key the ledger already holds as done or running (pure; read
+    the record before the send: after it, a running worker may have completed this very message)."""
+    from worker.idempotency.ledger import State
+
+    state = record.state(now_ms) if record is not None else None
+    if state is State.COMPLETED:
+        return (
+            f"note: key {key} is already COMPLETED in table {table}: the worker will skip this message as a "
+            "duplicate; for a fresh run: sqs-worker schedules fire NAME --now"
+        )
+    if state is State.RUNNING:
+        return f"note: key {key} is RUNNING in table {table}: the worker skips this message if that run completes"
+    return None
 
 
 def send_scheduled(client: SQSClient, queue: str, schedule: Schedule, scheduled: datetime) -> str:

@@ -107,6 +107,10 @@ class Schedule(BaseModel):
             f'"payload":{terraform_json(self.payload)},"type":{terraform_json(self.type)}}}'
         )
 
+    def idempotency_key(self, scheduled_time: datetime) -> str:
+        """The key of the fire at ``scheduled_time``, as its message body carries it."""
+        return f"{IDEMPOTENCY_PREFIX}:{self.name}:{format_scheduled_time(scheduled_time)}"
+
     def message_body(self, scheduled_time: datetime) -> str:
         """The exact SQS message body Scheduler sends for the fire at ``scheduled_time``."""
         return self.body_template().replace(SCHEDULED_TIME, format_scheduled_time(scheduled_time))
