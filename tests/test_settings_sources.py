@@ -13,7 +13,14 @@ import pytest
 
 from worker.dev.server import DEV_QUEUE, DevSettings, exports
 from worker.errors import ConfigError
-from worker.settings import PROCESS_INDEX_ENV, AwsConnection, aws_region, load_settings, unknown_variables
+from worker.settings import (
+    PROCESS_INDEX_ENV,
+    AwsConnection,
+    aws_region,
+    known_variables,
+    load_settings,
+    unknown_variables,
+)
 
 PACKAGE = Path(__file__).resolve().parents[1] / "worker"
 
@@ -124,19 +131,27 @@ def test_dev_passes_its_endpoint_explicitly_and_prints_every_export(
 
 
 def test_unknown_worker_variables_are_named_with_the_setting_they_misspell() -> None:
-    known = ["WORKER_CONCURRENCY", "WORKER_QUEUE", "WORKER_VISIBILITY_TIMEOUT_S"]
+    known = ["WORKER_CONCURRENCY", "WORKER_DASHBOARD_TOKEN", "WORKER_QUEUE", "WORKER_VISIBILITY_TIMEOUT_S"]
     names = ["WORKER_QUEUE", "WORKER_CONCURENCY", "WORKER_VISIBILTY_TIMEOUT_S", "WORKER_ID", "HOME"]
-    names += ["WORKER_DASHBOARD_TOKEN", "WORKER_CLOUDTASKS_URL", "WORKER_WEBHOOK_SECRET"]  # other classes' families
+    names += ["WORKER_DASHBOARD_TOKEN", "WORKER_DASHBOARD_TOKN"]  # a judged family
+    names += ["WORKER_WEBHOOK_SECRET", "WORKER_EMAIL_HOSTT"]  # the recipes' families are not judged
     assert unknown_variables(names, known) == [
         "WORKER_CONCURENCY (did you mean WORKER_CONCURRENCY?)",
+        "WORKER_DASHBOARD_TOKN (did you mean WORKER_DASHBOARD_TOKEN?)",
         "WORKER_ID",
         "WORKER_VISIBILTY_TIMEOUT_S (did you mean WORKER_VISIBILITY_TIMEOUT_S?)",
     ]
 
 
+def test_the_dashboard_and_cloud_tasks_variables_are_known_by_their_own_settings() -> None:
+    known = known_variables()
+    assert {"WORKER_QUEUE", "WORKER_DASHBOARD_TOKEN", "WORKER_DASHBOARD_TRUST_ALB_OIDC"} <= set(known)
+    assert {"WORKER_CLOUDTASKS_URL", "WORKER_CLOUDTASKS_SHARED_SECRET", "WORKER_CLOUDTASKS_PROJECT"} <= set(known)
+
+
 def test_the_command_line_warns_once_about_misspelt_variables_and_unparsed_dotenv_lines(tmp_path: Path) -> None:
     (tmp_path / ".env").write_text("WORKER_QUEUE=jobs\nthis is not a dotenv line\nWORKER_POLLWAIT_S=3\n")
-    env = {**os.environ, "WORKER_CONCURENCY": "5", "AWS_REGION": "eu-west-1"}
+    env = {**os.environ, "WORKER_CONCURENCY": "5", "WORKER_DASHBOARD_TOKN": "s3cret", "AWS_REGION": "eu-west-1"}
     env.pop(PROCESS_INDEX_ENV, None)
     run = subprocess.run(
         [sys.executable, "-m", "worker.commands", "schema"], env=env, cwd=tmp_path, capture_output=True, text=True
@@ -145,6 +160,7 @@ def test_the_command_line_warns_once_about_misspelt_variables_and_unparsed_doten
     assert run.stderr.splitlines() == [
         "sqs-worker: warning: .env line(s) 2 do not parse (KEY=value): skipped",
         "sqs-worker: warning: not a setting, ignored: WORKER_CONCURENCY (did you mean WORKER_CONCURRENCY?), "
+        "WORKER_DASHBOARD_TOKN (did you mean WORKER_DASHBOARD_TOKEN?), "
         "WORKER_POLLWAIT_S (did you mean WORKER_POLL_WAIT_S?)",
     ]
     child = subprocess.run(  # a process the supervisor started: the supervisor warned already

@@ -289,21 +289,44 @@ def read_dotenv(path: Path) -> Dotenv:
     return Dotenv(values, tuple(unparsed))
 
 
-#: ``WORKER_*`` families other settings classes read (the dashboard's, Cloud Tasks', the recipes'): not judged here.
-OTHER_FAMILIES = ("WORKER_DASHBOARD_", "WORKER_CLOUDTASKS_", "WORKER_WEBHOOK_", "WORKER_EMAIL_", "WORKER_REPORT_")
+#: ``WORKER_*`` families other settings classes read, judged by those classes (imported when the warnings are made):
+#: the dashboard's and Cloud Tasks'.
+JUDGED_FAMILIES = {
+    "WORKER_DASHBOARD_": ("worker.dashboard.config", "DashboardSettings"),
+    "WORKER_CLOUDTASKS_": ("worker.backends.cloudtasks.settings", "CloudTasksSettings"),
+}
+#: Families not judged: each recipe's settings class lives in the recipe's module, which registers its job when
+#: imported.
+UNJUDGED_FAMILIES = ("WORKER_WEBHOOK_", "WORKER_EMAIL_", "WORKER_REPORT_")
 
 
 def unknown_variables(names: Iterable[str], known: Iterable[str]) -> list[str]:
-    """Each ``WORKER_*`` name of ``names`` that is no setting of ``known`` nor of another family, with the setting
-    it most likely misspells (pure)."""
+    """Each ``WORKER_*`` name of ``names`` that no settings class of ``known`` reads (a recipe's family is not
+    judged), with the setting it most likely misspells (pure)."""
     known = sorted(known)
     found = []
     for name in sorted(set(names)):
-        if not name.startswith("WORKER_") or name in known or name.startswith(OTHER_FAMILIES):
+        if not name.startswith("WORKER_") or name in known or name.startswith(UNJUDGED_FAMILIES):
             continue
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
         found.append(f"{name} (did you mean {close[0]}?)" if close else name)
     return found
+
+
+def variable_names(settings_class: type[BaseSettings]) -> list[str]:
+    """The environment variables ``settings_class`` reads (its prefix and each field, upper case)."""
+    prefix = str(settings_class.model_config.get("env_prefix", ""))
+    return [f"{prefix}{field}".upper() for field in settings_class.model_fields]
+
+
+def known_variables(settings_class: type[WorkerSettings] = WorkerSettings) -> list[str]:
+    """What the worker's settings and the judged families read."""
+    import importlib
+
+    known = variable_names(settings_class)
+    for module, name in JUDGED_FAMILIES.values():
+        known += variable_names(getattr(importlib.import_module(module), name))
+    return sorted(set(known))
 
 
 #: Tells a process the supervisor started its index in the group (logs; not a setting); it leaves warnings to the
@@ -327,8 +350,7 @@ def variable_warnings(settings_class: type[WorkerSettings] = WorkerSettings) -> 
     if dotenv.unparsed_lines:
         lines = ", ".join(str(line) for line in dotenv.unparsed_lines)
         warnings.append(f".env line(s) {lines} do not parse (KEY=value): skipped")
-    known = [f"WORKER_{field.upper()}" for field in settings_class.model_fields]
-    unknown = unknown_variables([*os.environ, *dotenv.values], known)
+    unknown = unknown_variables([*os.environ, *dotenv.values], known_variables(settings_class))
     if unknown:
         warnings.append(f"not a setting, ignored: {', '.join(unknown)}")
     return warnings
