@@ -38,3 +38,31 @@ async def test_a_redrive_policy_below_the_attempts_is_named_at_start(
     lines = [r.getMessage() for r in caplog.records if "moves a message to its DLQ" in r.getMessage()]
     expected = f"after {receives} receives, not above the largest max_attempts (5)"
     assert (len(lines) == 1 and expected in lines[0]) if warned else lines == []
+
+
+@pytest.mark.parametrize(("receives", "limited", "warned"), [(7, True, True), (100, True, False), (7, False, False)])
+async def test_a_fifo_queue_too_low_for_held_jobs_is_named_at_start(
+    backend: Backend,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    receives: int,
+    limited: bool,
+    warned: bool,
+) -> None:
+    """On a FIFO queue each hold of a rate-limited job is a receive: a count that covers the attempts is not enough."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", backend.endpoint_url)
+    created = ensure_queues(
+        sqs_client(backend.endpoint_url), f"start-{uuid.uuid4().hex[:8]}.fifo", max_receive_count=receives
+    )
+    registry = Registry()
+
+    @registry.job("sync", max_attempts=5, rate_limit="10/s" if limited else None)
+    async def sync(payload: dict[str, Any]) -> None: ...
+
+    settings = WorkerSettings(queue=created.queue_url, metrics="off")
+    with caplog.at_level(logging.WARNING, logger="worker"):
+        async with open_worker(settings, registry, stop=asyncio.Event()):
+            pass
+    lines = [r.getMessage() for r in caplog.records if "moves a message to its DLQ" in r.getMessage()]
+    expected = f"after {receives} receives, and each hold of a rate-limited or breaker job (sync) is a receive there"
+    assert (len(lines) == 1 and expected in lines[0] and "at least 100" in lines[0]) if warned else lines == []

@@ -305,9 +305,13 @@ class Registry:
         FIFO queue a rate limit's or breaker's holds count receives too (a held message cannot be sent on as a
         copy there): with such jobs, at least FIFO_FLOW_RECEIVE_COUNT."""
         count = max((spec.max_attempts for spec in self._jobs.values()), default=5) + 2
-        if fifo and any(spec.rate is not None or spec.breaker is not None for spec in self._jobs.values()):
+        if fifo and self.flow_controlled():
             return max(count, FIFO_FLOW_RECEIVE_COUNT)
         return count
+
+    def flow_controlled(self) -> list[str]:
+        """The job types with a rate limit or a circuit breaker (their starts can be held)."""
+        return [spec.name for spec in self._jobs.values() if spec.rate is not None or spec.breaker is not None]
 
     def __len__(self) -> int:
         return len(self._jobs)

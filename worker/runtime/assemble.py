@@ -16,7 +16,7 @@ from worker.backends.aws import async_client, client_config, is_transient, resol
 from worker.backends.sqs import Queue, redrive_policy
 from worker.budgets import retry_delay_s, start_budget
 from worker.errors import ConfigError, QueueUnavailable
-from worker.jobs import Registry
+from worker.jobs import FIFO_FLOW_RECEIVE_COUNT, Registry
 from worker.names import default_dlq_name, queue_name_of
 from worker.observability.events import Observers
 from worker.runtime.queueset import Route
@@ -153,7 +153,7 @@ def local_gate(registry: Registry) -> Any:
     """Rate limits and breakers of this worker alone (no table); says so once when a job has either."""
     from worker.flow.gate import Gate
 
-    limited = [spec.name for spec in registry.specs() if spec.rate is not None or spec.breaker is not None]
+    limited = registry.flow_controlled()
     if limited:
         log.warning(
             "WORKER_IDEMPOTENCY_TABLE is not set: the rate limits and circuit breakers of %s are local to this "
@@ -172,19 +172,37 @@ def shared_gate(dynamodb: Any, table: str, *, owner: str) -> Any:
 
 
 def warn_low_receive_count(queue: Resolved, registry: Registry) -> None:
-    """A warning at start when the queue's redrive maxReceiveCount is not above the largest ``max_attempts`` (as
-    ``bootstrap`` warns): SQS would move retried jobs to the DLQ before the worker dead-letters them, reasonless.
+    """A warning at start when the queue's redrive maxReceiveCount is too low for its jobs (as ``bootstrap``
+    warns): not above the largest ``max_attempts``, SQS would move retried jobs to the DLQ before the worker
+    dead-letters them, reasonless; on a FIFO queue with rate-limited or breaker jobs, below
+    ``FIFO_FLOW_RECEIVE_COUNT``, their holds (each a receive there) would move good jobs to the DLQ unrun.
     No redrive policy: the worker's own dead letters are the only ones."""
     queue_url, receives = queue.queue_url, queue.max_receive_count
+    if receives is None:
+        return
+    fifo = queue_url.endswith(".fifo")
     largest = max((spec.max_attempts for spec in registry.specs()), default=0)
-    if receives is not None and receives <= largest:
+    wanted = registry.max_receive_count(fifo=fifo)
+    held = registry.flow_controlled() if fifo else []
+    if receives <= largest:
         log.warning(
             "the queue %s moves a message to its DLQ after %d receives, not above the largest max_attempts (%d): "
             "retried jobs may reach the DLQ without their reason; raise it (sqs-worker bootstrap sets %d)",
             queue_name_of(queue_url),
             receives,
             largest,
-            registry.max_receive_count(fifo=queue_url.endswith(".fifo")),
+            wanted,
+        )
+    elif held and receives < FIFO_FLOW_RECEIVE_COUNT:
+        log.warning(
+            "the FIFO queue %s moves a message to its DLQ after %d receives, and each hold of a rate-limited or "
+            "breaker job (%s) is a receive there: held jobs may reach the DLQ unrun; raise it to at least %d "
+            "(sqs-worker bootstrap sets %d)",
+            queue_name_of(queue_url),
+            receives,
+            ", ".join(held),
+            FIFO_FLOW_RECEIVE_COUNT,
+            wanted,
         )
 
 
