@@ -24,6 +24,7 @@ pytest.importorskip("playwright.sync_api")
 TOKEN = "dash-" + uuid.uuid4().hex
 LONG_TYPE = "t" * 256
 RLO = "\u202e"
+ZWSP = "\u200b"
 WIDTH = 1280
 
 
@@ -33,9 +34,9 @@ def dashboard(moto_backend: Backend, tmp_path: Path) -> Iterator[str]:
     dead_letter(
         moto_backend.endpoint_url,
         queues.dlq_url,
-        json.dumps({"type": LONG_TYPE, "payload": {"note": f"{RLO}evil"}}),
+        json.dumps({"type": LONG_TYPE, "payload": {"note": f"{RLO}evil", "hidden": f"zero{ZWSP}width"}}),
         category="permanent",
-        error=f"refused: {RLO}evil{RLO}" + "x" * 300,
+        error=f"refused: {RLO}evil{RLO} zero{ZWSP}width " + "x" * 300,
     )
     deep: Any = "MARKER-AT-DEPTH-14"
     for _ in range(12):
@@ -79,6 +80,8 @@ def test_long_and_bidi_values_stay_in_the_viewport_and_isolated(dashboard: str, 
         texts = isolated(page, "#letters")
         assert texts and all(bidi == "isolate" for _, bidi, _ in texts), texts
         assert all("\\u202eevil" in text for _, _, text in texts), texts  # the override shown, not obeyed
+        letters = page.inner_text("#letters")
+        assert "zero\\u200bwidth" in letters and ZWSP not in letters  # an invisible character shown
         clipped = page.locator("#letters td[data-field=job_type] bdi.clip").first
         assert clipped.get_attribute("title") == LONG_TYPE  # the whole value on hover
         shot(page, "dead-letters-hostile", tmp_path)
@@ -88,6 +91,7 @@ def test_long_and_bidi_values_stay_in_the_viewport_and_isolated(dashboard: str, 
         body = isolated(page, "#body")
         assert body and all(b == "isolate" and "\\u202eevil" in t for _, b, t in body), body
         assert "\\x0a" not in page.inner_text("#body")  # the body's lines stay lines
+        assert "zero\\u200bwidth" in page.inner_text("#body")
         shot(page, "dead-letter-hostile", tmp_path)
         page.goto(f"{dashboard}dead-letters")
 

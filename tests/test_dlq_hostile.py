@@ -44,6 +44,15 @@ def test_hostile_bodies_are_not_envelopes_and_print_safely() -> None:
     assert dlq_records.printable("evil\u202e\u2066x") == "evil\\u202e\\u2066x"  # bidi controls cannot reorder the line
     assert json.loads(dlq_records.printable_json({"t": "a\u202eb"})) == {"t": "a\u202eb"}
     assert "\u202e" not in dlq_records.printable_json({"t": "a\u202eb"})
+    # invisible characters show where they stand; joiners that shape a script or an emoji sequence stay
+    assert dlq_records.printable("send\u200bemail\ufeff") == "send\\u200bemail\\ufeff"
+    assert dlq_records.printable("a\u200db\u00ad\u2028") == "a\\u200db\\xad\\u2028"
+    family, hindi = "\U0001f468\u200d\U0001f469\u200d\U0001f467", "\u0915\u094d\u200d\u0937"
+    assert dlq_records.printable(family) == family and dlq_records.printable(hindi) == hindi
+    assert dlq_records.printable("\u200d\U0001f468") == "\\u200d\U0001f468"  # at an end it joins nothing
+    assert dlq_records.escape_bidi("line\nzero\u200bwidth") == "line\nzero\\u200bwidth"
+    assert json.loads(dlq_records.printable_json({"t": "a\u200bb"})) == {"t": "a\u200bb"}
+    assert "\u200b" not in dlq_records.printable_json({"t": "a\u200bb"})
     text = dlq_records.printable_json({"body": "é\udfff\x9b\x07"})
     text.encode("utf-8")  # no lone surrogate left
     assert "é" in text

@@ -153,12 +153,19 @@ def group_dead_letters(letters: Iterable[DeadLetter]) -> list[Group]:
 
 #: Characters that reorder text: ALM, LRM, RLM, the embeddings and overrides, the isolates ("evil" shown as "live").
 BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+#: Characters that show nothing where they stand ("send\u200bemail" looks like "sendemail"): soft hyphen, Mongolian
+#: vowel separator, zero-width space, word joiner and invisible operators, byte order mark; and the line and
+#: paragraph separators, which break a line where no line break shows.
+INVISIBLE = "\u00ad\u180e\u200b\u2028\u2029\u2060-\u2064\ufeff"
+#: Zero-width (non-)joiners beside ASCII text or at an end: there they join nothing and only hide. Between other
+#: letters they shape them (Indic scripts, emoji sequences such as a family) and stay.
+_STRAY_JOINER = "(?<![^\x00-\x7f])[\u200c\u200d]|[\u200c\u200d](?![^\x00-\x7f])"
 #: What a terminal must not receive raw: C0 and C1 control characters (escape sequences), lone surrogates (not
-#: encodable as UTF-8) and bidi formatting characters.
-_UNPRINTABLE = re.compile(f"[\x00-\x1f\x7f-\x9f\ud800-\udfff{BIDI_CONTROLS}]")
+#: encodable as UTF-8), bidi formatting characters and invisible ones.
+_UNPRINTABLE = re.compile(f"[\x00-\x1f\x7f-\x9f\ud800-\udfff{BIDI_CONTROLS}{INVISIBLE}]|{_STRAY_JOINER}")
 #: Inside JSON text json.dumps(ensure_ascii=False) already escapes C0 controls; these it leaves raw.
-_UNPRINTABLE_IN_JSON = re.compile(f"[\x7f-\x9f\ud800-\udfff{BIDI_CONTROLS}]")
-_BIDI = re.compile(f"[{BIDI_CONTROLS}]")
+_UNPRINTABLE_IN_JSON = re.compile(f"[\x7f-\x9f\ud800-\udfff{BIDI_CONTROLS}{INVISIBLE}]|{_STRAY_JOINER}")
+_BIDI = re.compile(f"[{BIDI_CONTROLS}{INVISIBLE}]|{_STRAY_JOINER}")
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -167,13 +174,14 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def printable(text: str) -> str:
-    """``text`` with control characters, lone surrogates and bidi formatting characters escaped (``\\x1b``,
-    ``\\udfff``, ``\\u202e``): safe to print."""
+    """``text`` with control characters, lone surrogates, bidi formatting and invisible characters escaped
+    (``\\x1b``, ``\\udfff``, ``\\u202e``, ``\\u200b``): safe to print, and nothing hidden."""
     return _UNPRINTABLE.sub(_escape, text)
 
 
 def escape_bidi(text: str) -> str:
-    """``text`` with only its bidi formatting characters escaped (``\\u202e``), line breaks and all else kept."""
+    """``text`` with only its bidi formatting and invisible characters escaped (``\\u202e``, ``\\u200b``), line
+    breaks and all else kept."""
     return _BIDI.sub(_escape, text)
 
 
