@@ -247,3 +247,36 @@ def test_without_actions_the_dashboard_is_read_only(stack: Stack, tmp_path: Path
         with urllib.request.urlopen(f"{url}healthz", timeout=10) as response:
             assert response.status == 200
     assert message_count(stack.sqs, stack.queues.dlq_url) == 2  # nothing purged
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def test_every_answer_carries_the_frame_and_script_headers(stack: Stack) -> None:
+    """The 401, the 303 that turns ?token= into a cookie and the health probe too, not only the pages."""
+    opener = urllib.request.build_opener(_NoRedirect)
+    answers = {}
+    for name, path in [("page", f"?token={TOKEN}&x=1"), ("401", "?token=wrong"), ("healthz", "healthz")]:
+        try:
+            with opener.open(f"{stack.url}{path}", timeout=10) as response:
+                answers[name] = (response.status, response.headers)
+        except urllib.error.HTTPError as exc:
+            answers[name] = (exc.code, exc.headers)
+    assert [status for status, _ in answers.values()] == [303, 401, 200]
+    for status, headers in answers.values():
+        assert headers["X-Frame-Options"] == "DENY", status
+        assert headers["Content-Security-Policy"].startswith("default-src 'self'"), status
+        assert headers["Referrer-Policy"] == "no-referrer", status
+
+
+def test_a_notice_in_a_crafted_link_is_not_shown(page: Any, stack: Stack) -> None:
+    """A notice is shown only when this dashboard wrote it (signed): a link's own text is not."""
+    crafted = urllib.parse.urlencode({"done": "Requeue failed: call support at +1 555 0100", "sig": "0" * 64})
+    page.goto(f"{stack.url}dead-letters?{crafted}")
+    page.wait_for_selector("#letters")
+    assert page.locator("#done").count() == 0
+    assert "call support" not in page.inner_text("body")
+    page.goto(f"{stack.url}schedules?done=cache-refresh+fired")
+    assert page.locator("#done").count() == 0

@@ -126,8 +126,21 @@ class Dashboard:
         return printable_json(self.redactor.redact(value, max_depth=BODY_MAX_DEPTH, cut=BODY_CUT))
 
 
+#: Every answer's: no framing (clickjacking), no scripts or styles from elsewhere, no address in a Referer.
+SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'",
+    "Referrer-Policy": "no-referrer",
+}
+
+
 class AccessMiddleware(BaseHTTPMiddleware):
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        response = await self._answer(request, call_next)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    async def _answer(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         dashboard: Dashboard = request.app.state.dashboard
         if request.url.path == "/healthz":  # the load balancer's probe: no data, no token
             return PlainTextResponse("ok\n")
@@ -142,11 +155,22 @@ class AccessMiddleware(BaseHTTPMiddleware):
             response.set_cookie(TOKEN_COOKIE, query_token, httponly=True, samesite="strict")
             return response
         request.state.user = user
-        response = await call_next(request)
-        response.headers["X-Frame-Options"] = "DENY"
-        response.headers["Content-Security-Policy"] = "default-src 'self'; style-src 'self' 'unsafe-inline'"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        return response
+        return await call_next(request)
+
+
+def done_redirect(request: Request, path: str, notice: str) -> Response:
+    """The 303 after an action, to ``path`` with its notice, signed so the page shows only notices it wrote."""
+    signature = _dash(request).gate.notice_signature(notice)
+    return RedirectResponse(f"{path}?{urlencode({'done': notice, 'sig': signature})}", status_code=303)
+
+
+def done_notice(request: Request) -> str | None:
+    """The notice of the redirect that led here, when this dashboard signed it (a crafted link's text is not
+    shown)."""
+    notice = request.query_params.get("done")
+    if notice and _dash(request).gate.notice_ok(notice, request.query_params.get("sig")):
+        return notice
+    return None
 
 
 def _dash(request: Request) -> Dashboard:
@@ -207,7 +231,7 @@ async def dead_letters_page(request: Request) -> Response:
         groups=group_dead_letters([q.letter for q in chosen]),
         lanes=dashboard.sources.lanes,
         audit=audit,
-        done=request.query_params.get("done"),
+        done=done_notice(request),
     )
 
 
@@ -277,7 +301,7 @@ async def dead_letter_action(request: Request) -> Response:
         await asyncio.to_thread(sources.record_audit, who=user, action=action, why=reason, count=outcome, detail=detail)
     except WorkerError as exc:
         detail += f" (audit kept in memory only: {exc})"
-    return RedirectResponse("/dead-letters?" + urlencode({"done": f"{ACTIONS[action]}: {detail}"}), status_code=303)
+    return done_redirect(request, "/dead-letters", f"{ACTIONS[action]}: {detail}")
 
 
 async def jobs_page(request: Request) -> Response:
@@ -314,7 +338,7 @@ async def schedules_page(request: Request) -> Response:
     schedules = load_schedules(path) if path else []
     now = datetime.now(UTC)
     rows = [(s, [t.astimezone(s.zone) for t in s.next_fire_times(now, 5)]) for s in schedules]
-    return dashboard.render(request, "schedules.html", rows=rows, path=path, done=request.query_params.get("done"))
+    return dashboard.render(request, "schedules.html", rows=rows, path=path, done=done_notice(request))
 
 
 async def fire_schedule(request: Request) -> Response:
@@ -352,7 +376,7 @@ async def fire_schedule(request: Request) -> Response:
         await asyncio.to_thread(
             sources.record_audit, who=request.state.user, action="fire", why=reason, count=1, detail=detail
         )
-    return RedirectResponse("/schedules?" + urlencode({"done": detail}), status_code=303)
+    return done_redirect(request, "/schedules", detail)
 
 
 async def workers_page(request: Request) -> Response:

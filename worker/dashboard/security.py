@@ -84,6 +84,14 @@ class Gate:
     def csrf_ok(self, user: str, offered: str | None) -> bool:
         return bool(offered) and hmac.compare_digest(str(offered), self.csrf_token(user))
 
+    def notice_signature(self, text: str) -> str:
+        """The signature a redirect's notice ("Requeued 3 ...") carries: a page shows only notices it wrote, not
+        the text of any link someone sends."""
+        return hmac.new(self.secret, b"notice\0" + text.encode("utf-8", "replace"), hashlib.sha256).hexdigest()
+
+    def notice_ok(self, text: str, offered: str | None) -> bool:
+        return bool(offered) and hmac.compare_digest(str(offered), self.notice_signature(text))
+
 
 def _bearer(value: str) -> str | None:
     scheme, _, credentials = value.partition(" ")
