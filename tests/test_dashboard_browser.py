@@ -37,10 +37,13 @@ from tests.support.harness import make_queues
 from tests.support.process import wait_until, worker_env
 from tests.support.queues import message_count, queue_counts
 from worker.ops.bootstrap import Created
+from worker.producer import Job
+from worker.workflows import callback_key, group
 
 pytest.importorskip("playwright.sync_api")
 
 TOKEN = "dash-" + uuid.uuid4().hex
+WORKFLOW = "nightly-squares-" + uuid.uuid4().hex[:6]
 
 
 @dataclass
@@ -71,12 +74,21 @@ def stack(moto_backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> It
     sqs.send_message(QueueUrl=queues.queue_url, MessageBody=json.dumps(invoice))
     report = {"type": "build_report", "payload": {"report": "q3-sales", "api_token": "tok-SECRET-123"}}
     sqs.send_message(QueueUrl=queues.queue_url, MessageBody=json.dumps(report))
+    dynamodb = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+    squares = group([Job("square", {"n": n}) for n in (2, 3)], callback=Job("total"), workflow_id=WORKFLOW)
+    squares.start(sqs=sqs, dynamodb=dynamodb, queue=queues.queue_url, table=table)
+
+    def callback_done() -> bool:
+        item = dynamodb.get_item(TableName=table, Key={"key": {"S": callback_key(WORKFLOW)}}, ConsistentRead=True)
+        return item.get("Item", {}).get("status", {}).get("S") == "COMPLETED"
+
     with worker_and_dashboard(env, tmp, token=TOKEN) as (worker, url):
         wait_until(
             lambda: message_count(sqs, queues.dlq_url) == 6 and message_count(sqs, queues.queue_url) == 0,
             30,
             "the worker to dead-letter 6 jobs and finish the report",
         )
+        wait_until(callback_done, 30, "the group's callback to complete")
         yield Stack(endpoint, queues, table, url, sqs, worker)
 
 
@@ -186,6 +198,15 @@ def test_jobs_and_schedules_pages(page: Any, stack: Stack, tmp_path: Path) -> No
     assert "sync_invoice:INV-7" in failed
     assert "invoice rejected" in failed
     shot(page, "jobs", tmp_path)
+    page.fill("#key", WORKFLOW)  # a workflow id, as `sqs-worker status` takes it
+    page.click("form.search button")
+    page.wait_for_selector("#workflow")
+    shown = page.inner_text("#workflow")
+    assert f"{WORKFLOW} (group)" in shown
+    assert "succeeded" in shown and "2 of 2 done (100%)" in shown
+    assert '"sum": 13' in shown and '"failed": 0' in shown
+    assert page.locator("#record").count() == 0
+    shot(page, "jobs-workflow", tmp_path)
     page.goto(f"{stack.url}schedules")
     assert page.locator("#schedules tbody tr").count() == 3
     shot(page, "schedules", tmp_path)

@@ -1,4 +1,5 @@
-"""Handlers for the dashboard's browser tests: some fail with distinct errors, one keyed job reports progress."""
+"""Handlers for the dashboard's browser tests: some fail with distinct errors, one keyed job reports progress, two
+make a group (workflow) the Jobs page shows."""
 
 from __future__ import annotations
 
@@ -26,3 +27,14 @@ async def build_report(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
 @job("sync_invoice", key=lambda payload: payload["invoice"])
 async def sync_invoice(payload: dict[str, Any], ctx: JobContext) -> None:
     raise PermanentError("invoice rejected by the ledger API")
+
+
+@job("square")
+async def square(payload: dict[str, Any], ctx: JobContext) -> int:
+    return int(payload["n"]) ** 2
+
+
+@job("total")
+async def total(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    members = ctx.previous_result
+    return {"sum": sum(r for r in members["results"] if r is not None), "failed": len(members["failed"])}

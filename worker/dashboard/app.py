@@ -308,19 +308,25 @@ async def jobs_page(request: Request) -> Response:
     dashboard = _dash(request)
     key = request.query_params.get("key", "").strip()
     sources = dashboard.sources
-    record, failed, running = await asyncio.gather(
+    workflow, record, failed, running = await asyncio.gather(  # a key names a workflow first, as in `status`
+        asyncio.to_thread(sources.workflow, key) if key else asyncio.sleep(0, None),
         asyncio.to_thread(sources.job, key) if key else asyncio.sleep(0, None),
         asyncio.to_thread(sources.recent_jobs, "FAILED"),
         asyncio.to_thread(sources.recent_jobs, "IN_PROGRESS"),
     )
     now_ms = int(time.time() * 1000)
     result = None
-    if record is not None and record.result is not None:
+    if workflow is not None:
+        record = None
+        if workflow.result is not None:
+            result = printable_json(dashboard.redactor.redact(workflow.result))
+    elif record is not None and record.result is not None:
         result = printable_json(dashboard.redactor.redact(record.result))
     return dashboard.render(
         request,
         "jobs.html",
         key=key,
+        workflow=workflow,
         record=record,
         result=result,
         now_ms=now_ms,

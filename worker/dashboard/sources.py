@@ -34,6 +34,8 @@ from worker.ops.dlq_records import DeadLetter
 from worker.ops.stats import QueueStats, queue_stats
 from worker.runtime.presence import PRESENCE_STALE_S, PRESENCE_STATUS
 from worker.settings import WorkerSettings
+from worker.workflows.model import WorkflowStatus, final_key, lookup_key, read_status
+from worker.workflows.store import decode as decode_workflow_item
 
 AUDIT_STATUS = "AUDIT"
 AUDIT_PREFIX = "sqs-worker#audit#"
@@ -275,6 +277,24 @@ class Sources:
             return parse_record(item) if item else None
         except ValueError:
             return None
+
+    def workflow(self, workflow_id: str) -> WorkflowStatus | None:
+        """The status of the workflow ``workflow_id`` (or ``workflow:<id>``), as ``sqs-worker status`` shows it;
+        None when there is none."""
+        if self.dynamodb is None:
+            return None
+        try:
+            response = self.dynamodb.get_item(
+                TableName=self.table, Key={"key": {"S": lookup_key(workflow_id)}}, ConsistentRead=True
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise self._unavailable("GetItem", exc) from exc
+        item = decode_workflow_item(response.get("Item"))
+        last = final_key(item) if item is not None else None
+        if item is None or last is None:
+            return None
+        final = self.job(last)
+        return read_status(item, final=final.to_json(int(time.time() * 1000)) if final else None)
 
     def _by_status(self, status: str, *, limit: int, since_ms: int = 0) -> list[dict[str, object]]:
         if self.dynamodb is None:

@@ -63,6 +63,22 @@ def callback_key(workflow_id: str) -> str:
     return f"{ITEM_PREFIX}{workflow_id}:callback"
 
 
+def lookup_key(workflow_id: str) -> str:
+    """The item key of a workflow named by its id or by ``workflow:<id>`` (what ``status`` and the dashboard take)."""
+    return workflow_id if workflow_id.startswith(ITEM_PREFIX) else item_key(workflow_id)
+
+
+def final_key(item: dict[str, Any]) -> str | None:
+    """The idempotency key of the job that ends the workflow of ``item`` (a chain's last step, a group's
+    callback); None when ``item`` is no workflow's."""
+    if item.get("kind") not in ("chain", "group"):
+        return None
+    workflow_id = str(item["key"])[len(ITEM_PREFIX) :]
+    if item["kind"] == "group":
+        return callback_key(workflow_id)
+    return step_key(workflow_id, int(item.get("total", 0)) - 1)
+
+
 def inline_limit_bytes(total: int) -> int:
     """The largest result of one of ``total`` members kept inline (the rest travel as references)."""
     return min(MAX_INLINE_RESULT_BYTES, INLINE_BUDGET_BYTES // max(1, total))

@@ -8,21 +8,18 @@ from typing import Any
 
 from worker.budgets import LEDGER, Budget
 from worker.idempotency import Ledger
-from worker.workflows.model import ITEM_PREFIX, WorkflowStatus, callback_key, item_key, read_status, step_key
+from worker.workflows.model import WorkflowStatus, final_key, lookup_key, read_status
 from worker.workflows.store import WorkflowStore
 
 
 async def load_status(client: Any, table: str, workflow_id: str, *, budget: Budget = LEDGER) -> WorkflowStatus | None:
     """The status of workflow ``workflow_id`` (also accepted as ``workflow:<id>``), None when there is none."""
     store = WorkflowStore(client, table, budget=budget)
-    key = workflow_id if workflow_id.startswith(ITEM_PREFIX) else item_key(workflow_id)
-    item = await store.get_key(key)
-    if item is None or item.get("kind") not in ("chain", "group"):
+    item = await store.get_key(lookup_key(workflow_id))
+    last = final_key(item) if item is not None else None
+    if item is None or last is None:
         return None
-    found_id = str(item["key"])[len(ITEM_PREFIX) :]
-    total = int(item.get("total", 0))
-    final_key = callback_key(found_id) if item["kind"] == "group" else step_key(found_id, total - 1)
-    final = await Ledger(client, table, owner="sqs-worker-status", budget=budget).get(final_key)
+    final = await Ledger(client, table, owner="sqs-worker-status", budget=budget).get(last)
     return read_status(item, final=final.to_json(int(time.time() * 1000)) if final else None)
 
 
