@@ -484,6 +484,46 @@ BREAKAGES: tuple[Breakage, ...] = (
         "",
         ("tests/test_burst.py::test_burst_on_an_empty_queue_exits_at_once",),
     ),
+    Breakage(
+        "u1",
+        "invisible characters (zero-width space, BOM) printed raw by the dlq commands and the dashboard",
+        "worker/ops/dlq_records.py",
+        'INVISIBLE = "\\u00ad\\u180e\\u200b\\u2028\\u2029\\u2060-\\u2064\\ufeff"\n',
+        'INVISIBLE = "\\u2028"  # MUTANT\n',
+        ("tests/test_dlq_hostile.py::test_hostile_bodies_are_not_envelopes_and_print_safely",),
+    ),
+    Breakage(
+        "d1",
+        "the dashboard shows any notice a crafted ?done= link carries",
+        "worker/dashboard/security.py",
+        "        return bool(offered) and hmac.compare_digest(str(offered), self.notice_signature(text))\n",
+        "        return True  # MUTANT\n",
+        ("tests/test_dashboard_browser.py::test_a_notice_in_a_crafted_link_is_not_shown",),
+    ),
+    Breakage(
+        "d2",
+        "the dashboard's 401 and ?token= redirect lack the frame and CSP headers",
+        "worker/dashboard/app.py",
+        "        response.headers.update(SECURITY_HEADERS)\n",
+        "        if response.status_code == 200:  # MUTANT\n            response.headers.update(SECURITY_HEADERS)\n",
+        ("tests/test_dashboard_browser.py::test_every_answer_carries_the_frame_and_script_headers",),
+    ),
+    Breakage(
+        "r3",
+        "run says nothing of a FIFO queue whose maxReceiveCount is too low for rate-limited jobs' holds",
+        "worker/runtime/assemble.py",
+        "    elif held and receives < FIFO_FLOW_RECEIVE_COUNT:\n",
+        "    elif held and receives < 0:  # MUTANT\n",
+        ("tests/test_start_checks.py::test_a_fifo_queue_too_low_for_held_jobs_is_named_at_start",),
+    ),
+    Breakage(
+        "v1",
+        "a misspelt WORKER_DASHBOARD_TOKEN is not warned about (the dashboard family unjudged)",
+        "worker/settings.py",
+        'UNJUDGED_FAMILIES = ("WORKER_WEBHOOK_", "WORKER_EMAIL_", "WORKER_REPORT_")\n',
+        'UNJUDGED_FAMILIES = ("WORKER_WEBHOOK_", "WORKER_EMAIL_", "WORKER_REPORT_", "WORKER_DASHBOARD_")  # MUTANT\n',
+        ("tests/test_settings_sources.py::test_unknown_worker_variables_are_named_with_the_setting_they_misspell",),
+    ),
 )
 
 
