@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from worker.commands.__main__ import judged_settings
 from worker.dev.server import DEV_QUEUE, DevSettings, exports
 from worker.errors import ConfigError
 from worker.settings import (
     PROCESS_INDEX_ENV,
     AwsConnection,
     aws_region,
-    known_variables,
     load_settings,
     unknown_variables,
+    variable_names,
 )
 
 PACKAGE = Path(__file__).resolve().parents[1] / "worker"
@@ -144,7 +145,7 @@ def test_unknown_worker_variables_are_named_with_the_setting_they_misspell() -> 
 
 
 def test_the_dashboard_and_cloud_tasks_variables_are_known_by_their_own_settings() -> None:
-    known = known_variables()
+    known = [name for cls in judged_settings() for name in variable_names(cls)]
     assert {"WORKER_QUEUE", "WORKER_DASHBOARD_TOKEN", "WORKER_DASHBOARD_TRUST_ALB_OIDC"} <= set(known)
     assert {"WORKER_CLOUDTASKS_URL", "WORKER_CLOUDTASKS_SHARED_SECRET", "WORKER_CLOUDTASKS_PROJECT"} <= set(known)
 

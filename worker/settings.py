@@ -289,14 +289,9 @@ def read_dotenv(path: Path) -> Dotenv:
     return Dotenv(values, tuple(unparsed))
 
 
-#: ``WORKER_*`` families other settings classes read, judged by those classes (imported when the warnings are made):
-#: the dashboard's and Cloud Tasks'.
-JUDGED_FAMILIES = {
-    "WORKER_DASHBOARD_": ("worker.dashboard.config", "DashboardSettings"),
-    "WORKER_CLOUDTASKS_": ("worker.backends.cloudtasks.settings", "CloudTasksSettings"),
-}
 #: Families not judged: each recipe's settings class lives in the recipe's module, which registers its job when
-#: imported.
+#: imported. (The dashboard's ``WORKER_DASHBOARD_*`` and Cloud Tasks' ``WORKER_CLOUDTASKS_*`` are judged by their
+#: classes: the command line passes their names.)
 UNJUDGED_FAMILIES = ("WORKER_WEBHOOK_", "WORKER_EMAIL_", "WORKER_REPORT_")
 
 
@@ -319,16 +314,6 @@ def variable_names(settings_class: type[BaseSettings]) -> list[str]:
     return [f"{prefix}{field}".upper() for field in settings_class.model_fields]
 
 
-def known_variables(settings_class: type[WorkerSettings] = WorkerSettings) -> list[str]:
-    """What the worker's settings and the judged families read."""
-    import importlib
-
-    known = variable_names(settings_class)
-    for module, name in JUDGED_FAMILIES.values():
-        known += variable_names(getattr(importlib.import_module(module), name))
-    return sorted(set(known))
-
-
 #: Tells a process the supervisor started its index in the group (logs; not a setting); it leaves warnings to the
 #: supervisor.
 PROCESS_INDEX_ENV = "SQS_WORKER_PROCESS_INDEX"
@@ -339,10 +324,11 @@ def supervised() -> bool:
     return PROCESS_INDEX_ENV in os.environ
 
 
-def variable_warnings(settings_class: type[WorkerSettings] = WorkerSettings) -> list[str]:
+def variable_warnings(*settings_classes: type[BaseSettings]) -> list[str]:
     """What the command line warns about at start: the ``.env`` lines that do not parse (python-dotenv, and so
-    pydantic-settings, skips them), and the ``WORKER_*`` variables (environment or ``.env``) no setting reads.
-    None in a process the supervisor started: it warned already."""
+    pydantic-settings, skips them), and the ``WORKER_*`` variables (environment or ``.env``) that neither
+    ``WorkerSettings`` nor ``settings_classes`` read. None in a process the supervisor started: it warned
+    already."""
     if supervised():
         return []
     dotenv = read_dotenv(Path(".env"))
@@ -350,7 +336,9 @@ def variable_warnings(settings_class: type[WorkerSettings] = WorkerSettings) -> 
     if dotenv.unparsed_lines:
         lines = ", ".join(str(line) for line in dotenv.unparsed_lines)
         warnings.append(f".env line(s) {lines} do not parse (KEY=value): skipped")
-    unknown = unknown_variables([*os.environ, *dotenv.values], known_variables(settings_class))
+    classes: tuple[type[BaseSettings], ...] = (WorkerSettings, *settings_classes)
+    known = [name for cls in classes for name in variable_names(cls)]
+    unknown = unknown_variables([*os.environ, *dotenv.values], known)
     if unknown:
         warnings.append(f"not a setting, ignored: {', '.join(unknown)}")
     return warnings

@@ -14,12 +14,15 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from worker.errors import ConfigError, LedgerUnavailable, QueueUnavailable, WorkerError
 from worker.settings import variable_warnings
+
+if TYPE_CHECKING:
+    from pydantic_settings import BaseSettings
 
 #: Modules that each define ``add_parser(subparsers)``; their parsers set ``func(args) -> int``.
 COMMAND_MODULES = (
@@ -83,13 +86,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
+def judged_settings() -> tuple[type[BaseSettings], ...]:
+    """The settings classes whose ``WORKER_*`` families are judged beside the worker's: the dashboard's and
+    Cloud Tasks' (both plain pydantic-settings classes, whatever extras are installed)."""
+    from worker.backends.cloudtasks.settings import CloudTasksSettings
+    from worker.dashboard.config import DashboardSettings
+
+    return DashboardSettings, CloudTasksSettings
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras:  # said by the command they were given to, which names its own --help
         chosen(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
     logging.getLogger("dotenv.main").disabled = True  # its warnings name no file; variable_warnings' do
-    for warning in variable_warnings():
+    for warning in variable_warnings(*judged_settings()):
         print(f"sqs-worker: warning: {warning}", file=sys.stderr)
     try:
         code: int = args.func(args)
