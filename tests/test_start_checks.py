@@ -18,6 +18,15 @@ from worker.runtime.assemble import open_worker
 from worker.settings import WorkerSettings
 
 
+async def receive_count_warnings(queue_url: str, registry: Registry, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The maxReceiveCount warnings a worker for ``queue_url`` logs at start."""
+    settings = WorkerSettings(queue=queue_url, metrics="off")
+    with caplog.at_level(logging.WARNING, logger="worker"):
+        async with open_worker(settings, registry, stop=asyncio.Event()):
+            pass
+    return [r.getMessage() for r in caplog.records if "moves a message to its DLQ" in r.getMessage()]
+
+
 @pytest.mark.parametrize(("receives", "warned"), [(3, True), (7, False)])
 async def test_a_redrive_policy_below_the_attempts_is_named_at_start(
     backend: Backend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, receives: int, warned: bool
@@ -31,11 +40,7 @@ async def test_a_redrive_policy_below_the_attempts_is_named_at_start(
     @registry.job("flaky", max_attempts=5)
     async def flaky(payload: dict[str, Any]) -> None: ...
 
-    settings = WorkerSettings(queue=created.queue_url, metrics="off")
-    with caplog.at_level(logging.WARNING, logger="worker"):
-        async with open_worker(settings, registry, stop=asyncio.Event()):
-            pass
-    lines = [r.getMessage() for r in caplog.records if "moves a message to its DLQ" in r.getMessage()]
+    lines = await receive_count_warnings(created.queue_url, registry, caplog)
     expected = f"after {receives} receives, not above the largest max_attempts (5)"
     assert (len(lines) == 1 and expected in lines[0]) if warned else lines == []
 
@@ -59,10 +64,6 @@ async def test_a_fifo_queue_too_low_for_held_jobs_is_named_at_start(
     @registry.job("sync", max_attempts=5, rate_limit="10/s" if limited else None)
     async def sync(payload: dict[str, Any]) -> None: ...
 
-    settings = WorkerSettings(queue=created.queue_url, metrics="off")
-    with caplog.at_level(logging.WARNING, logger="worker"):
-        async with open_worker(settings, registry, stop=asyncio.Event()):
-            pass
-    lines = [r.getMessage() for r in caplog.records if "moves a message to its DLQ" in r.getMessage()]
+    lines = await receive_count_warnings(created.queue_url, registry, caplog)
     expected = f"after {receives} receives, and each hold of a rate-limited or breaker job (sync) is a receive there"
     assert (len(lines) == 1 and expected in lines[0] and "at least 100" in lines[0]) if warned else lines == []

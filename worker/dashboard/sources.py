@@ -267,13 +267,7 @@ class Sources:
         if self.dynamodb is None or is_worker_item(storage_key(key)):
             return None
         try:
-            response = self.dynamodb.get_item(
-                TableName=self.table, Key={"key": {"S": storage_key(key)}}, ConsistentRead=True
-            )
-        except (BotoCoreError, ClientError) as exc:
-            raise self._unavailable("GetItem", exc) from exc
-        try:
-            item = decode_item(response.get("Item"))
+            item = decode_item(self._get_item(storage_key(key)))
             return parse_record(item) if item else None
         except ValueError:
             return None
@@ -283,18 +277,22 @@ class Sources:
         None when there is none."""
         if self.dynamodb is None:
             return None
-        try:
-            response = self.dynamodb.get_item(
-                TableName=self.table, Key={"key": {"S": lookup_key(workflow_id)}}, ConsistentRead=True
-            )
-        except (BotoCoreError, ClientError) as exc:
-            raise self._unavailable("GetItem", exc) from exc
-        item = decode_workflow_item(response.get("Item"))
+        item = decode_workflow_item(self._get_item(lookup_key(workflow_id)))
         last = final_key(item) if item is not None else None
         if item is None or last is None:
             return None
         final = self.job(last)
         return read_status(item, final=final.to_json(int(time.time() * 1000)) if final else None)
+
+    def _get_item(self, key: str) -> dict[str, Any] | None:
+        """The table's item of ``key`` as DynamoDB answers it (typed values); one consistent read."""
+        assert self.dynamodb is not None
+        try:
+            response = self.dynamodb.get_item(TableName=self.table, Key={"key": {"S": key}}, ConsistentRead=True)
+        except (BotoCoreError, ClientError) as exc:
+            raise self._unavailable("GetItem", exc) from exc
+        item: dict[str, Any] | None = response.get("Item")
+        return item
 
     def _by_status(self, status: str, *, limit: int, since_ms: int = 0) -> list[dict[str, object]]:
         if self.dynamodb is None:
