@@ -3,8 +3,10 @@ the dead-letter store's big bodies on a real DynamoDB endpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,13 @@ import pytest
 from tests.support.backends import Backend
 from tests.support.cloudtasks import make_dead_letter_table
 from tests.support.idempotency import dynamodb_client
-from worker.backends.cloudtasks.auth import MIN_REFRESH_INTERVAL_S, KeySet, Unauthorized
+from worker.backends.cloudtasks.auth import (
+    MIN_REFRESH_INTERVAL_S,
+    RETRY_AFTER_FAILURE_S,
+    KeySet,
+    KeysUnavailable,
+    Unauthorized,
+)
 from worker.backends.cloudtasks.contract import (
     effective_max_attempts,
     parse_request,
@@ -160,6 +168,44 @@ async def test_signing_keys_are_cached_and_refetched_sparingly() -> None:
         now[0] = MIN_REFRESH_INTERVAL_S + 1 + 601
         await key_set.key(keys.kid)
         assert len(fetches) == 3  # stale after cache_s
+    finally:
+        keys.close()
+
+
+async def test_concurrent_requests_share_one_key_fetch_and_a_failure_pauses_fetching() -> None:
+    """Five deliveries waiting for slow keys wait for one fetch together (they queued behind one another, each
+    with a fetch of its own: the fifth waited five fetch timeouts); after a failure the next requests are refused
+    at once until RETRY_AFTER_FAILURE_S has passed."""
+    from tests.support.cloudtasks import SigningKeys
+
+    keys = SigningKeys()
+    try:
+        now = [0.0]
+        release = threading.Event()
+        fetches: list[str] = []
+        answers: list[Any] = [OSError("timed out")]
+
+        def fetch(url: str) -> dict[str, Any]:
+            fetches.append(url)
+            release.wait(10)
+            answer = answers.pop(0) if answers else keys.jwks
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        key_set = KeySet("https://keys", cache_s=600, fetch=fetch, monotonic=lambda: now[0])
+        waiting = [asyncio.create_task(key_set.key(keys.kid)) for _ in range(5)]
+        await asyncio.sleep(0)  # every request is waiting now
+        release.set()
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+        assert all(isinstance(r, KeysUnavailable) and "timed out" in str(r) for r in results), results
+        assert len(fetches) == 1
+        with pytest.raises(KeysUnavailable, match="timed out"):
+            await key_set.key(keys.kid)  # at once: no fetch within RETRY_AFTER_FAILURE_S of the failure
+        assert len(fetches) == 1
+        now[0] = RETRY_AFTER_FAILURE_S + 1
+        assert await key_set.key(keys.kid) is not None
+        assert len(fetches) == 2
     finally:
         keys.close()
 

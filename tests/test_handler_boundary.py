@@ -1,6 +1,7 @@
-"""What a handler can do to its job but not to the worker: SystemExit, KeyboardInterrupt and GeneratorExit fail
-the job (retried like any exception, then dead-lettered with the reason); the worker's timeout and a handler's
-own TimeoutError are told apart; a handler's time left counts from its start, after the middleware."""
+"""What a handler can do to its job but not to the worker: SystemExit, KeyboardInterrupt, GeneratorExit and any
+other BaseException (pytest.fail's, a library's own) fail the job (retried like any exception, then dead-lettered
+with the reason); the worker's timeout and a handler's own TimeoutError are told apart; a handler's time left
+counts from its start, after the middleware."""
 
 from __future__ import annotations
 
@@ -12,10 +13,19 @@ from typing import Any
 import pytest
 
 from worker import CallNext, JobContext, Registry, RetryableError
+from worker.policy import describe_error
 from worker.testing import InMemoryWorker
 
 
-@pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()], ids=type)
+class Halt(BaseException):
+    """A library's own BaseException (as gevent's GreenletExit is)."""
+
+
+@pytest.mark.parametrize(
+    "error",
+    [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), Halt("stop here"), pytest.fail.Exception("fake said no")],
+    ids=lambda error: type(error).__name__,
+)
 @pytest.mark.parametrize("kind", ["async", "def"])
 def test_a_handler_exiting_fails_its_job_not_the_worker(error: BaseException, kind: str) -> None:
     registry = Registry()
@@ -45,9 +55,7 @@ def test_a_handler_exiting_fails_its_job_not_the_worker(error: BaseException, ki
     assert sorted(done) == [0, 1, 2]
     [dead] = result.dead_letters
     assert (dead.category, dead.attempts, result.retried) == ("exhausted", 2, 1)
-    name = type(error).__name__
-    text = f"{name}: 3" if isinstance(error, SystemExit) else name
-    assert dead.error_message == f"{text} (raised by the handler; the worker does not exit)"
+    assert dead.error_message == f"{describe_error(error)} (raised by the handler; the worker does not exit)"
     assert kit.counts().total == 0
 
 

@@ -92,7 +92,8 @@ def build_context(
 
 
 class HandlerExit(Exception):
-    """A handler raised SystemExit, KeyboardInterrupt or GeneratorExit: the job's failure (retried like any other
+    """A handler raised a BaseException that is no Exception (SystemExit, KeyboardInterrupt, GeneratorExit, a test
+    framework's failure such as ``pytest.fail``, a library's own): the job's failure (retried like any other
     exception), never the worker's exit."""
 
     def __init__(self, error: BaseException) -> None:
@@ -106,12 +107,16 @@ async def call_handler(job: PreparedJob, context: JobContext, threads: JobThread
     Its timeout (and ``ctx.time_left_s()``) counts from the handler's start, after the middleware before it; a
     plain ``def`` handler's from the moment its thread starts it. On timeout its thread cannot be stopped: it
     runs on as a stuck thread while the job is treated as timed out. ``owner`` names the call for
-    ``threads.is_running(owner)``. A handler that raises SystemExit, KeyboardInterrupt or GeneratorExit fails
-    its job (HandlerExit): it cannot stop the worker.
+    ``threads.is_running(owner)``. A handler that raises a BaseException that is no Exception (SystemExit,
+    ``pytest.fail``'s) fails its job (HandlerExit): it cannot stop the worker nor skip the retry rules. Only
+    ``asyncio.CancelledError`` passes as it is (the worker's own cancellation, or the handler's, told apart by
+    the caller).
     """
     try:
         return await _call_handler(job, context, threads, owner=owner)
-    except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
         raise HandlerExit(exc) from exc
 
 

@@ -32,6 +32,8 @@ SECRET_HEADER = SECRET_HEADER_NAME.lower()
 #: An unknown key id refetches the key set at most this often (a flood of forged kids cannot flood Google).
 MIN_REFRESH_INTERVAL_S = 30.0
 FETCH_TIMEOUT_S = 10.0
+#: After a failed fetch, none for this long (without keys, requests are answered 503 at once meanwhile).
+RETRY_AFTER_FAILURE_S = 10.0
 #: Clock skew allowed on exp / iat / nbf.
 LEEWAY_S = 30
 
@@ -46,7 +48,11 @@ class KeysUnavailable(WorkerError):
 
 class KeySet:
     """Google's signing keys by key id, fetched from ``url`` and kept ``cache_s``; refetched for an unknown key
-    id at most every MIN_REFRESH_INTERVAL_S. ``fetch`` (blocking, run in a thread) returns the JWKS document."""
+    id at most every MIN_REFRESH_INTERVAL_S. ``fetch`` (blocking, run in a thread) returns the JWKS document.
+
+    One fetch at a time, shared by every request that needs it (ten deliveries waiting for slow keys wait for one
+    fetch, not ten in a row); after a failed fetch none is tried for RETRY_AFTER_FAILURE_S (meanwhile, without
+    keys, a request is refused at once with KeysUnavailable)."""
 
     def __init__(
         self,
@@ -62,29 +68,54 @@ class KeySet:
         self._monotonic = monotonic
         self._keys: dict[str, Any] = {}
         self._fetched_at: float | None = None
-        self._lock = asyncio.Lock()
+        self._failed_at: float | None = None
+        self._failure = ""
+        self._inflight: asyncio.Future[None] | None = None
 
     async def key(self, kid: str) -> Any:
-        stale = self._fetched_at is None or self._monotonic() - self._fetched_at > self.cache_s
-        if stale or (kid not in self._keys and self._monotonic() - (self._fetched_at or 0) > MIN_REFRESH_INTERVAL_S):
+        if self._due(kid):
             await self._refresh()
         key = self._keys.get(kid)
         if key is None:
+            if not self._keys:
+                raise KeysUnavailable(f"signing keys unavailable from {self.url}: {self._failure}")
             raise Unauthorized(f"token signed with an unknown key id {kid[:64]!r}")
         return key
 
+    def _due(self, kid: str) -> bool:
+        """Whether to fetch (or join the fetch under way) before looking ``kid`` up."""
+        if self._inflight is not None:
+            return True
+        now = self._monotonic()
+        if self._failed_at is not None and now - self._failed_at < RETRY_AFTER_FAILURE_S:
+            return False
+        if self._fetched_at is None or now - self._fetched_at > self.cache_s:
+            return True
+        return kid not in self._keys and now - self._fetched_at > MIN_REFRESH_INTERVAL_S
+
     async def _refresh(self) -> None:
-        async with self._lock:
-            try:
-                document = await asyncio.to_thread(self._fetch, self.url)
-                keys = jwt.PyJWKSet.from_dict(dict(document)).keys
-            except Exception as exc:
-                if not self._keys:
-                    raise KeysUnavailable(f"signing keys unavailable from {self.url}: {exc}") from None
-                log.warning("could not refresh the signing keys from %s, keeping the cached ones: %s", self.url, exc)
-                return
-            self._keys = {key.key_id: key.key for key in keys if key.key_id}
-            self._fetched_at = self._monotonic()
+        if self._inflight is None:
+            self._inflight = asyncio.ensure_future(self._fetch_once())
+            self._inflight.add_done_callback(self._fetch_ended)
+        await asyncio.shield(self._inflight)  # a request that goes away leaves the fetch to the others
+
+    def _fetch_ended(self, fetch: asyncio.Future[None]) -> None:
+        self._inflight = None
+        if not fetch.cancelled():
+            fetch.exception()  # retrieved here too: a fetch no request awaits any more logs no warning
+
+    async def _fetch_once(self) -> None:
+        try:
+            document = await asyncio.to_thread(self._fetch, self.url)
+            keys = jwt.PyJWKSet.from_dict(dict(document)).keys
+        except Exception as exc:
+            self._failed_at, self._failure = self._monotonic(), str(exc)
+            if not self._keys:
+                raise KeysUnavailable(f"signing keys unavailable from {self.url}: {exc}") from None
+            log.warning("could not refresh the signing keys from %s, keeping the cached ones: %s", self.url, exc)
+            return
+        self._keys = {key.key_id: key.key for key in keys if key.key_id}
+        self._fetched_at, self._failed_at = self._monotonic(), None
 
 
 def fetch_jwks(url: str) -> Mapping[str, Any]:

@@ -57,9 +57,15 @@ log = logging.getLogger("worker")
 
 #: Retry-After of a delivery that found no free slot, or came during shutdown.
 BUSY_RETRY_S = 1
-#: An idempotency lease covers the handler's timeout plus this (no heartbeats: the request lasts the attempt).
-LEASE_MARGIN_S = 30
-#: Dead-letter decisions remembered by task name, so a redelivery is recorded again without running.
+#: The reasons of a last attempt that shutdown kept from running to its end (Cloud Tasks would drop it).
+SHUTDOWN_AT_LAST = "not run: the worker was shutting down at the task's last attempt"
+CANCELLED_AT_LAST = "cancelled at shutdown (past WORKER_SHUTDOWN_GRACE_S) on the task's last attempt"
+#: An idempotency lease lasts this long and is renewed every LEASE_RENEW_S while its request runs: a crashed
+#: instance's key is free again within a minute, not after the handler's whole timeout.
+LEASE_S = 60
+LEASE_RENEW_S = 20
+#: Dead-letter decisions (and completions not yet recorded) remembered by task name, so a redelivery is recorded
+#: again without running.
 MAX_DECIDED = 1_000
 
 
@@ -98,6 +104,7 @@ class TaskRunner:
         self._running = 0
         self._jobs: set[asyncio.Task[Reply]] = set()
         self._decided: OrderedDict[str, tuple[str, str, str | None, int]] = OrderedDict()
+        self._unrecorded: OrderedDict[str, tuple[Claim, Any, str]] = OrderedDict()
         self.stopping = False
         self._dynamodb = Connectivity("dynamodb", self.observers, monotonic=time.monotonic)
 
@@ -118,8 +125,7 @@ class TaskRunner:
         """The reply to one delivery. The job runs in a task of its own, shielded from the request's cancellation
         (a client that hangs up does not cut its bookkeeping short); ``drain`` waits for it at shutdown."""
         if self.stopping:
-            self._emit(Kind.RELEASED, request, None, delay_s=float(BUSY_RETRY_S), reason="shutting down")
-            return not_now("shutting_down", retry_after_s=BUSY_RETRY_S)
+            return await self._deliver(request, refuse=True)
         job = asyncio.ensure_future(self._deliver(request))
         self._jobs.add(job)
         job.add_done_callback(self._jobs.discard)
@@ -149,12 +155,18 @@ class TaskRunner:
 
     # ------------------------------------------------------------------------------------------- one delivery
 
-    async def _deliver(self, request: TaskRequest) -> Reply:
+    async def _deliver(self, request: TaskRequest, *, refuse: bool = False) -> Reply:
+        """One delivery to its reply. ``refuse`` (shutting down): nothing runs; the last attempt is dead-lettered
+        (Cloud Tasks would drop it), any other answered 503."""
         self._emit(Kind.RECEIVED, request, None)
         decided = self._decided.get(request.task_name)
         if decided is not None:  # decided dead before; its record may not have been written
             category, error, job_type, attempt = decided
             return await self._dead_letter(request, category, error, job_type=job_type, attempt=attempt)
+        if request.task_name in self._unrecorded:  # it ran here; its completion is what is missing
+            recorded = await self._record_completion(request)
+            if recorded is not None:
+                return recorded
         try:
             text = request.body.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -162,22 +174,33 @@ class TaskRunner:
         try:
             job = prepare(text, self.registry)
         except InvalidMessage as exc:
-            return await self._dead_letter(request, exc.category, str(exc))
+            return await self._dead_letter(request, exc.category, str(exc), job_type=exc.job_type)
         except Exception as exc:  # a payload model's validator that raises something else: the job's bug
             return await self._dead_letter(request, BUG, "payload model: " + describe_error(exc))
         max_attempts = effective_max_attempts(
             job_max_attempts=job.spec.max_attempts, queue_max_attempts=self.options.queue_max_attempts
         )
         last = is_last_attempt(request.attempt, max_attempts=max_attempts)
+        if refuse:
+            if last:
+                return await self._dead_letter(request, EXHAUSTED, SHUTDOWN_AT_LAST, job_type=job.spec.name)
+            self._emit(Kind.RELEASED, request, job.spec.name, delay_s=float(BUSY_RETRY_S), reason="shutting down")
+            return not_now("shutting_down", retry_after_s=BUSY_RETRY_S)
         if self._running >= self.options.concurrency and not last:
             self._emit(Kind.RELEASED, request, job.spec.name, delay_s=float(BUSY_RETRY_S), reason="over capacity")
             return not_now("over_capacity", retry_after_s=BUSY_RETRY_S)
-        async with self._slots:  # the last attempt waits for a slot: a refusal would let Cloud Tasks drop it
-            self._running += 1
-            try:
-                return await self._run(request, job, max_attempts=max_attempts, last=last)
-            finally:
-                self._running -= 1
+        try:
+            await self._slots.acquire()  # the last attempt waits for a slot: a refusal would let Cloud Tasks drop it
+        except asyncio.CancelledError:
+            if last:  # shutdown came first: keep it as a dead letter
+                return await self._dead_letter(request, EXHAUSTED, SHUTDOWN_AT_LAST, job_type=job.spec.name)
+            raise
+        self._running += 1
+        try:
+            return await self._run(request, job, max_attempts=max_attempts, last=last)
+        finally:
+            self._running -= 1
+            self._slots.release()
 
     async def _run(self, request: TaskRequest, job: PreparedJob, *, max_attempts: int, last: bool) -> Reply:
         name = job.spec.name
@@ -204,29 +227,67 @@ class TaskRunner:
             context.idempotency_key = claim.key
         self._emit(Kind.STARTED, request, name)
         started = time.monotonic()
+        renewing = asyncio.create_task(self._keep_lease(request, claim, name)) if claim is not None else None
         try:
             handler = functools.partial(call_handler, job, context, self.threads, owner=request)
             result = await call_through(self.registry.middlewares, context, handler)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():  # shutdown past the grace
-                await self._settle(claim, "cancelled at shutdown", final=False)
+                await self._settle(claim, "cancelled at shutdown", final=last)
+                if last:  # Cloud Tasks would drop it: keep it as a dead letter
+                    return await self._dead_letter(request, EXHAUSTED, CANCELLED_AT_LAST, job_type=name)
                 self._emit(Kind.RELEASED, request, name, delay_s=float(BUSY_RETRY_S), reason="cancelled at shutdown")
                 return not_now("cancelled_at_shutdown", retry_after_s=BUSY_RETRY_S)
             return await self._failed(request, job, asyncio.CancelledError(), claim, max_attempts, started)
         except Exception as exc:
             return await self._failed(request, job, exc, claim, max_attempts, started)
+        finally:
+            if renewing is not None:
+                renewing.cancel()
         duration_s = time.monotonic() - started
         if claim is not None and self.ledger is not None:
-            try:
-                if not await self.ledger.complete(claim, result=result_for_ledger(result)):
-                    self._emit(Kind.CLAIM_LOST, request, name, reason="idempotency lease was taken over")
-                    return not_now("claim_lost", retry_after_s=LEDGER_RETRY_S)
-            except LedgerUnavailable:
-                log.error("could not record completion; the job may run again", extra=self._fields(request, name))
-                return not_now("completion_unrecorded", retry_after_s=LEDGER_RETRY_S)
+            self._remember_unrecorded(request.task_name, (claim, result_for_ledger(result), name))
+            recorded = await self._record_completion(request, duration_s=duration_s)
+            if recorded is not None:
+                return recorded
         self._emit(Kind.SUCCEEDED, request, name, duration_s=duration_s)
         return done("succeeded")
+
+    async def _record_completion(self, request: TaskRequest, *, duration_s: float | None = None) -> Reply | None:
+        """Record the completion of the job this process ran for ``request`` (now, or on a redelivery after a
+        failed write): the reply, or None when the key was taken over meanwhile (the delivery goes on as new)."""
+        assert self.ledger is not None
+        claim, result, name = self._unrecorded[request.task_name]
+        try:
+            completed = await self.ledger.complete(claim, result=result)
+        except LedgerUnavailable as exc:
+            self._dynamodb.down(exc)
+            log.error(
+                "could not record completion; the task comes back to record it (if this process is gone, the lease "
+                "lapses and the job may run again)",
+                extra=self._fields(request, name),
+            )
+            return not_now("completion_unrecorded", retry_after_s=LEDGER_RETRY_S)
+        self._dynamodb.up()
+        self._unrecorded.pop(request.task_name, None)
+        if not completed:
+            self._emit(Kind.CLAIM_LOST, request, name, reason="idempotency lease was taken over")
+            return not_now("claim_lost", retry_after_s=LEDGER_RETRY_S) if duration_s is not None else None
+        self._emit(Kind.SUCCEEDED, request, name, duration_s=duration_s)
+        return done("succeeded")
+
+    async def _keep_lease(self, request: TaskRequest, claim: Claim, name: str) -> None:
+        """Renew the claim's lease while the request runs (cancelled when it ends)."""
+        assert self.ledger is not None
+        while True:
+            await asyncio.sleep(LEASE_RENEW_S)  # a fixed cadence, as the SQS heartbeat's
+            try:
+                if not await self.ledger.renew(claim, lease_s=LEASE_S):
+                    self._emit(Kind.CLAIM_LOST, request, name, reason="idempotency lease was taken over")
+                    return
+            except LedgerUnavailable as exc:
+                self._dynamodb.down(exc)
 
     async def _claim(self, request: TaskRequest, job: PreparedJob, *, last: bool) -> Claim | Reply | None:
         """The job's idempotency claim: None (no key: run unguarded), the claim (run), or the reply already due."""
@@ -244,9 +305,7 @@ class TaskRunner:
         if key is None:
             return None
         try:
-            claim = await self.ledger.claim(
-                key=key, job_type=name, payload_hash=digest, lease_s=job.spec.timeout_s + LEASE_MARGIN_S
-            )
+            claim = await self.ledger.claim(key=key, job_type=name, payload_hash=digest, lease_s=LEASE_S)
         except LedgerUnavailable as exc:
             self._dynamodb.down(exc)
             log.warning("idempotency table unreachable: %s", exc, extra=self._fields(request, name))
@@ -346,10 +405,10 @@ class TaskRunner:
     # ------------------------------------------------------------------------------------------- helpers
 
     def _remember(self, task: str, decision: tuple[str, str, str | None, int]) -> None:
-        self._decided.pop(task, None)
-        self._decided[task] = decision
-        while len(self._decided) > MAX_DECIDED:
-            self._decided.popitem(last=False)
+        _bounded_put(self._decided, task, decision)
+
+    def _remember_unrecorded(self, task: str, completion: tuple[Claim, Any, str]) -> None:
+        _bounded_put(self._unrecorded, task, completion)
 
     def _emit(self, kind: Kind, request: TaskRequest, job_type: str | None, **fields: Any) -> None:
         self.observers.emit(
@@ -365,3 +424,11 @@ class TaskRunner:
 
     def _fields(self, request: TaskRequest, job_type: str | None) -> dict[str, Any]:
         return {"message_id": request.task_name, "job_type": job_type, "queue": self.options.queue}
+
+
+def _bounded_put(memory: OrderedDict[str, Any], key: str, value: Any) -> None:
+    """Put ``key`` last in ``memory``, forgetting the oldest beyond MAX_DECIDED."""
+    memory.pop(key, None)
+    memory[key] = value
+    while len(memory) > MAX_DECIDED:
+        memory.popitem(last=False)
