@@ -24,12 +24,14 @@ from worker.backends.cloudtasks.auth import (
     Unauthorized,
 )
 from worker.backends.cloudtasks.contract import (
+    MAX_TASK_BODY_BYTES,
     effective_max_attempts,
     parse_request,
     queue_retry_config,
     retry,
 )
 from worker.backends.cloudtasks.deadletters import BODY_CHUNK_BYTES, DeadLetterStore, make_record
+from worker.backends.cloudtasks.dlq import audit_headers
 from worker.backends.cloudtasks.producer import build_task, task_id
 from worker.backends.cloudtasks.settings import CloudTasksSettings, load_cloudtasks_settings
 from worker.errors import ConfigError
@@ -132,6 +134,19 @@ def test_build_task_with_oidc_name_delay_and_deadline() -> None:
     assert local["http_request"]["headers"]["X-Worker-Secret"] == "s" * 16
     with pytest.raises(ConfigError, match="SERVICE_ACCOUNT"):
         build_task(settings(), path, b"{}")
+
+
+def test_a_requeues_audit_headers_fit_beside_a_body_at_the_limit_and_a_huge_reason_is_refused() -> None:
+    """A body at the limit still takes its audit; a reason too long for the task's room is refused (the record
+    stays) instead of making a task Cloud Tasks would refuse for its size."""
+    ct = settings(service_account="sa@p.iam.gserviceaccount.com")
+    path = ct.queue_path("jobs")
+    at_limit = b"x" * MAX_TASK_BODY_BYTES
+    audit = {"requeued_by": "ops", "requeued_at": "2026-12-01T00:00:00.000Z", "requeue_reason": "fixed " * 100}
+    build_task(ct, path, at_limit, headers=audit_headers(audit, "t1"))
+    huge = audit_headers({**audit, "requeue_reason": "r" * 100_000}, "t1")
+    with pytest.raises(ConfigError, match="--reason"):
+        build_task(ct, path, at_limit, headers=huge)
 
 
 def test_task_ids_fit_the_cloud_tasks_alphabet() -> None:

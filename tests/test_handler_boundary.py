@@ -120,3 +120,59 @@ def test_time_left_counts_from_the_handlers_start_after_the_middleware(kind: str
     assert result.succeeded == 1
     [seconds] = left
     assert 0.2 < seconds <= 0.4
+
+
+@pytest.mark.parametrize(
+    "error", [SystemExit(4), KeyboardInterrupt(), GeneratorExit(), Halt("stop here")], ids=lambda e: type(e).__name__
+)
+def test_a_middleware_exiting_fails_its_job_not_the_worker(error: BaseException) -> None:
+    """As a handler's: a middleware's SystemExit stopped the worker (and cut the other jobs' grace); a custom
+    BaseException left the job without an outcome (back after its visibility timeout, an attempt lost)."""
+    registry = Registry()
+    done: list[int] = []
+
+    @registry.middleware
+    async def guard(ctx: JobContext, call_next: CallNext) -> Any:
+        if ctx.job_type == "guarded":
+            raise error
+        return await call_next()
+
+    @registry.job("guarded", max_attempts=2, backoff_base_s=1)
+    async def guarded(payload: dict[str, Any]) -> None:
+        done.append(-1)
+
+    @registry.job("fine")
+    async def fine(payload: dict[str, Any]) -> None:
+        done.append(payload["n"])
+
+    kit = InMemoryWorker(registry)
+    kit.enqueue("guarded", {})
+    for n in range(3):
+        kit.enqueue("fine", {"n": n})
+    result = kit.run_until_idle()
+    assert sorted(done) == [0, 1, 2]
+    [dead] = result.dead_letters
+    assert (dead.category, dead.attempts, result.retried) == ("exhausted", 2, 1)
+    assert dead.error_message == f"{describe_error(error)} (raised by the middleware; the worker does not exit)"
+
+
+def test_a_middleware_returning_call_next_unawaited_is_a_bug_not_a_success() -> None:
+    """`return call_next()` without `await` made the job succeed (and be deleted) without its handler running."""
+    registry = Registry()
+    ran: list[str] = []
+
+    @registry.middleware
+    async def forgetful(ctx: JobContext, call_next: CallNext) -> Any:
+        return call_next()  # the slip: no await
+
+    @registry.job("send")
+    async def send(payload: dict[str, Any]) -> None:
+        ran.append("send")
+
+    kit = InMemoryWorker(registry)
+    kit.enqueue("send", {})
+    result = kit.run_until_idle()
+    assert ran == [] and result.succeeded == 0
+    [dead] = result.dead_letters
+    assert dead.category == "bug"
+    assert (dead.error_message or "").startswith("TypeError: the job's result is an awaitable nobody awaited")

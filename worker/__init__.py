@@ -6,6 +6,7 @@ Register handlers with ``@job``; raise ``PermanentError`` or ``RetryableError`` 
 from worker.context import JobContext
 from worker.errors import (
     ConfigError,
+    HandlerExit,
     InvalidMessage,
     JobError,
     JobTimeout,
@@ -24,6 +25,7 @@ __all__ = [
     "Breaker",
     "CallNext",
     "ConfigError",
+    "HandlerExit",
     "InvalidMessage",
     "JobContext",
     "JobError",

@@ -8,6 +8,8 @@ The tree::
     ├── LedgerUnavailable            the idempotency table cannot be reached (fail closed)
     ├── InvalidMessage               a message that is not a valid envelope (carries its category)
     ├── JobTimeout                   the job's ``timeout_s`` ran out (also a TimeoutError); retried
+    ├── HandlerExit                  a handler or middleware raised a BaseException that is no Exception
+    │                                (SystemExit, pytest.fail's): the job's failure, retried; never the worker's exit
     └── JobError                     raised by handlers to say what to do with the job
         ├── PermanentError           never retried: dead-lettered at once as ``permanent``
         └── RetryableError           retried, optionally after ``delay_s`` (for example a Retry-After)
@@ -45,6 +47,17 @@ class InvalidMessage(WorkerError):
         super().__init__(message)
         self.category = category
         self.job_type = job_type
+
+
+class HandlerExit(WorkerError):
+    """A handler or middleware raised a BaseException that is no Exception (SystemExit, KeyboardInterrupt,
+    GeneratorExit, a test framework's failure such as ``pytest.fail``, a library's own): the job's failure
+    (retried like any other exception), never the worker's exit. ``error`` is what was raised."""
+
+    def __init__(self, error: BaseException, *, source: str = "handler") -> None:
+        super().__init__(f"{type(error).__name__} raised by the {source}")
+        self.error = error
+        self.source = source
 
 
 class JobTimeout(WorkerError, TimeoutError):

@@ -13,18 +13,20 @@ A middleware is an ``async def`` taking the job's context and ``call_next``; it 
 The first registered is the outermost. A middleware sees the outcome (``call_next()`` returns the result or
 raises the handler's exception), may change it, and may short-circuit: return a result without calling
 ``call_next`` (the job succeeds with it) or raise (``PermanentError``, ``RetryableError`` or any exception,
-classified exactly like a handler's). Middleware runs on the event loop for ``async def`` and plain ``def``
-handlers alike; the job's ``timeout_s`` bounds the handler, not the middleware around it.
+classified exactly like a handler's; a SystemExit or another BaseException too). Middleware runs on the event loop
+for ``async def`` and plain ``def`` handlers alike; the job's ``timeout_s`` bounds the handler, not the middleware
+around it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from worker.context import JobContext
-from worker.errors import ConfigError
+from worker.errors import ConfigError, HandlerExit
 
 #: What a middleware calls to run the rest of the chain (the next middleware, at the end the handler).
 CallNext = Callable[[], Awaitable[Any]]
@@ -60,7 +62,28 @@ def add_middleware(chain: list[Middleware], fn: Any) -> None:
 
 
 async def call_through(chain: Sequence[Middleware], ctx: JobContext, handler: CallNext) -> Any:
-    """Run ``handler`` inside ``chain`` (the first the outermost); returns what the outermost returns."""
+    """Run ``handler`` inside ``chain`` (the first the outermost); returns what the outermost returns.
+
+    A middleware's BaseException that is no Exception (SystemExit, ...) becomes HandlerExit: the job's failure,
+    never the worker's exit (``asyncio.CancelledError`` passes as it is). A result that is an awaitable nobody
+    awaited (``return call_next()`` without ``await``: the handler never ran) is a TypeError, the job's bug."""
+    try:
+        result = await _call_chain(chain, ctx, handler)
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
+        raise HandlerExit(exc, source="middleware") from exc
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # never run: no "was never awaited" warning on top
+        raise TypeError(
+            "the job's result is an awaitable nobody awaited: a middleware's `return call_next()` needs `await` "
+            "(the handler did not run), and a handler must not return one"
+        )
+    return result
+
+
+async def _call_chain(chain: Sequence[Middleware], ctx: JobContext, handler: CallNext) -> Any:
     if not chain:
         return await handler()
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from worker.context import JobContext, ProgressSink
 from worker.envelope import INVALID_PAYLOAD, UNKNOWN_TYPE, Envelope, describe_errors, parse_envelope
-from worker.errors import InvalidMessage, JobTimeout
+from worker.errors import HandlerExit, InvalidMessage, JobTimeout
 from worker.jobs import JobSpec, Registry
 from worker.lifecycle import Resources
 from worker.policy import Decision, classify_failure, describe_error
@@ -91,16 +91,6 @@ def build_context(
     return context
 
 
-class HandlerExit(Exception):
-    """A handler raised a BaseException that is no Exception (SystemExit, KeyboardInterrupt, GeneratorExit, a test
-    framework's failure such as ``pytest.fail``, a library's own): the job's failure (retried like any other
-    exception), never the worker's exit."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(describe_error(error))
-        self.error = error
-
-
 async def call_handler(job: PreparedJob, context: JobContext, threads: JobThreads, *, owner: object = None) -> Any:
     """Call the handler with its payload (and context), bounded by the job's timeout (JobTimeout when it runs out).
 
@@ -166,7 +156,7 @@ def judge_failure(
     if isinstance(error, JobTimeout):
         text = f"TimeoutError: {error}"
     elif isinstance(error, HandlerExit):
-        text = f"{error} (raised by the handler; the worker does not exit)"
+        text = f"{describe_error(error.error)} (raised by the {error.source}; the worker does not exit)"
     elif isinstance(error, asyncio.CancelledError):
         text = describe_error(error) + " (raised by the handler itself)"
     else:

@@ -27,6 +27,9 @@ TASK_OVERHEAD_BYTES = 16 * 1024
 #: The largest body a task this worker creates may carry: the producer refuses more, and serve-tasks answers 413
 #: above it, so whatever it accepted (and dead-lettered) ``dlq requeue`` / ``redrive`` can send again.
 MAX_TASK_BODY_BYTES = MAX_TASK_BYTES - TASK_OVERHEAD_BYTES
+#: Of that overhead, what headers of the caller's own (a requeue's audit) may take: the rest is the task's URL,
+#: token config, name and schedule.
+MAX_EXTRA_HEADER_BYTES = 4 * 1024
 #: Cloud Tasks' longest dispatch deadline for HTTP targets.
 MAX_DISPATCH_DEADLINE_S = 1800
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from worker.backends.cloudtasks.auth import SECRET_HEADER_NAME
-from worker.backends.cloudtasks.contract import MAX_TASK_BODY_BYTES
+from worker.backends.cloudtasks.contract import MAX_EXTRA_HEADER_BYTES, MAX_TASK_BODY_BYTES
 from worker.backends.cloudtasks.settings import CloudTasksSettings
 from worker.errors import ConfigError, QueueUnavailable
 from worker.producer import Job, envelope_body
@@ -82,6 +82,12 @@ def build_task(
         raise ConfigError(
             f"the envelope takes {len(body)} bytes: a Cloud Tasks task holds at most 1 MB "
             f"({MAX_TASK_BODY_BYTES} bytes of body)"
+        )
+    extra_bytes = sum(len(k.encode()) + len(v.encode("utf-8", "surrogatepass")) for k, v in (headers or {}).items())
+    if extra_bytes > MAX_EXTRA_HEADER_BYTES:
+        raise ConfigError(
+            f"the task's own headers take {extra_bytes} bytes, at most {MAX_EXTRA_HEADER_BYTES} fit beside a body "
+            "at the limit (a requeue's --reason counts: shorten it)"
         )
     all_headers = {"Content-Type": "application/json", **(headers or {})}
     request: dict[str, Any] = {"http_method": "POST", "url": settings.url, "headers": all_headers, "body": body}
