@@ -122,6 +122,27 @@ def test_burst_gives_up_on_a_message_it_cannot_get_and_exits_1(backend: Backend,
     assert lines(tmp_path / "effects.txt") == []
 
 
+def test_burst_waits_for_the_jobs_its_own_rate_limit_held_back(backend: Backend, tmp_path: Path) -> None:
+    """A hold the worker set itself (here about 12 s, longer than the 6 s idle bound) is its own job to run: the burst
+    waits for it (it gave up with exit 1, "1 left ... 1 delayed")."""
+    env, url = bootstrapped_queue(
+        backend.endpoint_url,
+        tmp_path,
+        handlers="tests.support.burst_limited",
+        prefix="burst",
+        WORKER_VISIBILITY_TIMEOUT_S="5",
+    )
+    client = sqs_client(backend.endpoint_url)
+    for n in range(2):
+        client.send_message(QueueUrl=url, MessageBody=json.dumps({"type": "limited", "payload": {"n": n}}))
+    assert idle_limit_s(visibility_timeout_s=5, backoff_max_s=1, poll_wait_s=1) < 12
+    result = cli("run", "--burst", env=env, timeout_s=90)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert summary_lines(result.stdout) == ["burst done: 2 succeeded, 0 retried, 0 dead-lettered; queue empty"]
+    assert sorted(lines(tmp_path / "effects.txt")) == ["limited 0", "limited 1"]
+    assert_queue_empty(client, url)
+
+
 def test_a_signal_ends_a_burst_after_the_running_job_with_exit_0(backend: Backend, tmp_path: Path) -> None:
     env, url = burst_env(backend, tmp_path)
     client = sqs_client(backend.endpoint_url)

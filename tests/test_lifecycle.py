@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import signal
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,18 @@ async def test_a_failing_startup_stops_the_worker_before_anything_is_received(ba
     assert closed == ["first"]  # what had started is stopped again
     assert running.recorder.of(Kind.RECEIVED) == []
     assert queue_counts(sqs_client(backend.endpoint_url), queues.queue_url)["ApproximateNumberOfMessages"] == 1
+
+
+async def test_a_lifespan_calling_sys_exit_at_start_is_a_failure_of_one_line() -> None:
+    """A `sys.exit(3)` in a lifespan's start ended the command with exit 3 and no line at all."""
+
+    async def exits() -> AsyncIterator[None]:
+        sys.exit(3)
+        yield
+
+    with pytest.raises(ConfigError, match=r"lifespan .*exits failed at startup: SystemExit: 3"):
+        async with open_lifespans([exits]):
+            raise AssertionError("must not start")
 
 
 async def test_a_failing_shutdown_is_logged_and_the_others_still_stop(

@@ -262,6 +262,8 @@ def test_message_body_fills_in_the_time_as_scheduler_formats_it() -> None:
     assert envelope.payload == {"report": "daily", "limit": 10}
     assert envelope.idempotency_key == "schedule:weekday-report:2026-11-30T08:00:12Z"
     assert format_scheduled_time(utc(2026, 1, 2, 3, 4, 5)) == "2026-01-02T03:04:05Z"
+    moment = datetime(2026, 1, 2, 3, 4, 5, 678_901, tzinfo=UTC)  # `fire --now`'s: never one of Scheduler's
+    assert format_scheduled_time(moment) == "2026-01-02T03:04:05.678Z"
 
 
 def test_the_same_fire_gives_the_same_body_and_another_fire_another() -> None:

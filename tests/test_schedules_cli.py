@@ -126,7 +126,7 @@ def test_fire_on_a_fifo_queue_groups_by_schedule_and_deduplicates_by_body(
 def test_fire_refuses_unknown_schedules_and_times_not_yet_due(
     schedules_file: Path, aws: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["schedules", "fire", "nope"]) == 2
+    assert main(["schedules", "fire", "nope"]) == 3  # nothing by that name
     assert "no schedule named 'nope' (known: weekday-report, launch, paused)" in capsys.readouterr().err
     assert main(["schedules", "fire", "launch"]) == 2
     assert "no due fire time yet: pass --at" in capsys.readouterr().err

@@ -64,7 +64,8 @@ def test_queues_are_as_declared(applied: Applied) -> None:
     ]
     redrive = json.loads(queue["RedrivePolicy"])
     assert redrive["deadLetterTargetArn"] == dlq["QueueArn"] == applied.outputs["dead_letter_queue_arn"]
-    assert int(redrive["maxReceiveCount"]) == 3
+    assert int(redrive["maxReceiveCount"]) == 9
+    assert queue["MaximumMessageSize"] == dlq["MaximumMessageSize"] == "262144"  # the module says it, both alike
     assert int(dlq["MessageRetentionPeriod"]) > int(queue["MessageRetentionPeriod"])
     assert queue["SqsManagedSseEnabled"] == "true" and dlq["SqsManagedSseEnabled"] == "true"
 
@@ -120,7 +121,7 @@ def test_module_outputs_are_the_settings_the_worker_reads(applied: Applied, monk
     assert settings.queue == applied.outputs["queue_url"]
     assert settings.dead_letter_queue == applied.outputs["dead_letter_queue_url"]
     assert settings.idempotency_table == applied.outputs["idempotency_table_name"]
-    assert settings.max_receive_count == 3
+    assert settings.max_receive_count == 9
     assert settings.shutdown_grace_s == 5
     assert settings.metrics_namespace == "SqsWorker"
 

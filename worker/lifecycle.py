@@ -10,6 +10,7 @@ line (a ConfigError) before anything is received; one that raises at shutdown is
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
@@ -103,7 +104,9 @@ async def open_lifespans(lifespans: Sequence[Lifespan]) -> AsyncIterator[Resourc
             manager = _manager(fn)
             try:
                 value = await manager.__aenter__()
-            except Exception as exc:
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                raise  # Ctrl-C or a cancellation of the start itself: not the lifespan's failure
+            except BaseException as exc:  # a sys.exit() in a lifespan too: one line, exit 2
                 log.debug("lifespan %s failed at startup", lifespan_name(fn), exc_info=exc)
                 raise ConfigError(f"lifespan {lifespan_name(fn)} failed at startup: {describe_error(exc)}") from exc
             started.append((fn, manager))
@@ -155,6 +158,8 @@ async def _stop(started: list[tuple[Lifespan, contextlib.AbstractAsyncContextMan
         fn, manager = started.pop()
         try:
             await manager.__aexit__(None, None, None)
-        except Exception as exc:
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            raise
+        except BaseException as exc:  # logged; the others still stop
             log.error("lifespan %s failed at shutdown: %s", lifespan_name(fn), describe_error(exc))
             log.debug("lifespan %s failed at shutdown", lifespan_name(fn), exc_info=exc)

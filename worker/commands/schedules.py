@@ -9,9 +9,11 @@ WORKER_IDEMPOTENCY_TABLE set, ``fire`` says when that time's key ``schedule:NAME
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from worker.commands import NOT_FOUND_EXIT
 from worker.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -88,15 +90,20 @@ def cmd_fire(args: argparse.Namespace) -> int:
     from worker.scheduling.schedules import find_schedule, format_scheduled_time
     from worker.settings import load_settings
 
-    schedule = find_schedule(_schedules(args.file), args.name)
+    schedules = _schedules(args.file)
+    try:
+        schedule = find_schedule(schedules, args.name)
+    except ConfigError as exc:  # nothing by that name: exit 3, as the other commands say it
+        print(f"sqs-worker: error: {exc}", file=sys.stderr)
+        return NOT_FOUND_EXIT
     if args.now and args.at is not None:
         raise ConfigError("pass --at or --now, not both")
-    scheduled = datetime.now(UTC).replace(microsecond=0) if args.now else _scheduled_time(schedule, args.at)
+    scheduled = _now_ms() if args.now else _scheduled_time(schedule, args.at)
     settings = load_settings()
     client = sync_client("sqs")
     note = None  # read before the send: after it, a running worker may have completed this very message
     if settings.idempotency_table:
-        note = _ledger_note(settings.idempotency_table, schedule.idempotency_key(scheduled))
+        note = _ledger_note(settings.idempotency_table, schedule.idempotency_key(scheduled), schedule.name)
     message_id = send_scheduled(client, settings.queue, schedule, scheduled)
     print(f"{schedule.name} fired for {format_scheduled_time(scheduled)}: message {message_id}")
     if note:
@@ -104,7 +111,13 @@ def cmd_fire(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ledger_note(table: str, key: str) -> str | None:
+def _now_ms() -> datetime:
+    """Now, to the millisecond: two `--now` fires in one second still get keys of their own."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def _ledger_note(table: str, key: str, name: str) -> str | None:
     """What the worker will do with this key, when the ledger already holds it as done or running."""
     import asyncio
     import time
@@ -119,7 +132,7 @@ def _ledger_note(table: str, key: str) -> str | None:
         record = asyncio.run(fetch(table, key))
     except (WorkerError, BotoCoreError, ClientError) as exc:  # say what is unknown, not fail
         return f"note: could not read key {key} in table {table} ({exc}): whether the worker runs it is unknown"
-    return skip_note(key, record, table=table, now_ms=int(time.time() * 1000))
+    return skip_note(key, record, name=name, table=table, now_ms=int(time.time() * 1000))
 
 
 def _scheduled_time(schedule: Schedule, at: str | None) -> datetime:

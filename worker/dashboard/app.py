@@ -373,7 +373,7 @@ async def fire_schedule(request: Request) -> Response:
     note = None
     if sources.table:  # read before the send, as `schedules fire` reads it
         record = await asyncio.to_thread(sources.job, key)
-        note = skip_note(key, record, table=sources.table, now_ms=int(time.time() * 1000))
+        note = skip_note(key, record, name=schedule.name, table=sources.table, now_ms=int(time.time() * 1000))
     message_id = await asyncio.to_thread(send_scheduled, sources.sqs, sources.queue_url, schedule, scheduled)
     detail = f"{schedule.name} fired for {format_scheduled_time(scheduled)}: message {message_id}"
     if note:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from worker.scheduling.schedules import Schedule
 
 
-def skip_note(key: str, record: Record | None, *, table: str, now_ms: int) -> str | None:
+def skip_note(key: str, record: Record | None, *, name: str, table: str, now_ms: int) -> str | None:
     """What the worker will do with a fired slot whose key the ledger already holds as done or running (pure; read
     the record before the send: after it, a running worker may have completed this very message)."""
     from worker.idempotency.ledger import State
@@ -27,7 +27,7 @@ def skip_note(key: str, record: Record | None, *, table: str, now_ms: int) -> st
     if state is State.COMPLETED:
         return (
             f"note: key {key} is already COMPLETED in table {table}: the worker will skip this message as a "
-            "duplicate; for a fresh run: sqs-worker schedules fire NAME --now"
+            f"duplicate; for a fresh run: sqs-worker schedules fire {name} --now"
         )
     if state is State.RUNNING:
         return f"note: key {key} is RUNNING in table {table}: the worker skips this message if that run completes"

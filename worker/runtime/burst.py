@@ -28,6 +28,7 @@ from worker.backends.aws import async_client, client_config, resolve_queue_url, 
 from worker.errors import QueueUnavailable
 from worker.jobs import Registry
 from worker.observability.events import Event, Kind
+from worker.runtime.outcomes import CANCELLED_AT_SHUTDOWN, DLQ_TOO_SMALL, NOT_YET_DUE, SHUTDOWN
 from worker.settings import WorkerSettings
 
 #: Every state a message can be in: visible, in flight (received, not deleted, or a retry's delay), delayed.
@@ -55,6 +56,11 @@ class Left:
     @property
     def total(self) -> int:
         return self.visible + self.in_flight + self.delayed
+
+
+#: Releases a burst does not wait for: a long delay's hops (the job is not due: "delayed past that"), a message
+#: its DLQ is too small for (it waits for a bigger DLQ), and the shutdown's own.
+NOT_AWAITED = frozenset({NOT_YET_DUE, DLQ_TOO_SMALL, SHUTDOWN, CANCELLED_AT_SHUTDOWN})
 
 
 def burst_settings(settings: WorkerSettings) -> WorkerSettings:
@@ -115,6 +121,9 @@ class Burst:
         elif event.kind is Kind.DEAD_LETTERED:
             self.dead_lettered += 1
             self._last_activity = now
+        elif event.kind is Kind.RELEASED and event.reason not in NOT_AWAITED:
+            # the worker held it back itself (a rate limit, a breaker, a lease held elsewhere): its job to run
+            self._retry_due = max(self._retry_due, now + (event.delay_s or 0.0))
 
     def gauge(self, *, in_flight: int, free_slots: int, stuck_threads: int = 0) -> None:
         self.in_flight = in_flight

@@ -51,6 +51,10 @@ MAX_DECIDED = 1_000
 MAX_UNDELETED = 1_000
 #: The release reason of a message whose body alone is larger than its DLQ's MaximumMessageSize.
 DLQ_TOO_SMALL = "too large for the DLQ"
+#: Reasons of releases that others tell apart (a burst does not wait for them).
+NOT_YET_DUE = "not yet due"
+SHUTDOWN = "shutdown"
+CANCELLED_AT_SHUTDOWN = "cancelled at shutdown"
 #: Such a message is kept in its source queue, invisible this long (at most to the 12-hour limit) each time.
 DLQ_TOO_SMALL_HOLD_S = 3600
 #: SQS's maximum message size before August 2025, still the default of some queues and emulators.

@@ -37,7 +37,7 @@ from worker.runtime.execution import (
     result_for_ledger,
 )
 from worker.runtime.held import Held
-from worker.runtime.outcomes import Outcomes
+from worker.runtime.outcomes import CANCELLED_AT_SHUTDOWN, NOT_YET_DUE, Outcomes
 from worker.runtime.steps import WorkflowSteps
 from worker.runtime.threads import JobThreads
 
@@ -168,7 +168,7 @@ class Processor:
             await asyncio.sleep(action.seconds)
             action = due_action(due_at=due_at, now=self._now(), max_hop_s=self.max_hop_s)
         if action.action == "hop":
-            await self._finish(held, self.outcomes.hold_back(held, math.ceil(action.seconds), "not yet due"))
+            await self._finish(held, self.outcomes.hold_back(held, math.ceil(action.seconds), NOT_YET_DUE))
             return True
         return None
 
@@ -416,7 +416,7 @@ class Processor:
             )
             return
         await self._ledger_settle(held, "cancelled at shutdown", final=False)
-        await self.outcomes.hold_back(held, self._release_delay_s(), "cancelled at shutdown")
+        await self.outcomes.hold_back(held, self._release_delay_s(), CANCELLED_AT_SHUTDOWN)
 
     def _emit(self, kind: Kind, held: Held, **fields: Any) -> None:
         self.outcomes.emit(kind, held, **fields)

@@ -35,7 +35,7 @@ from worker.runtime.clock import SYSTEM_CLOCK, Clock
 from worker.runtime.connectivity import Connectivity
 from worker.runtime.heartbeat import EXTEND_BELOW_SHARE, Heartbeat
 from worker.runtime.held import Held
-from worker.runtime.outcomes import Outcomes
+from worker.runtime.outcomes import SHUTDOWN, Outcomes
 from worker.runtime.processing import Processor
 from worker.runtime.queueset import Receivers, Route
 from worker.runtime.slots import Slots, receive_loops
@@ -425,7 +425,7 @@ class Worker:
             started = await self._starts.wait()
         finally:  # closed, or cancelled while waiting
             if not started:
-                await self._release_all([held], reason="shutdown", delay_s=self._release_delay_s())
+                await self._release_all([held], reason=SHUTDOWN, delay_s=self._release_delay_s())
         held.started = started
         return started
 
@@ -461,7 +461,7 @@ class Worker:
         for group in self._groups.values():
             group.clear()
         if waiting:
-            await self._release_all(waiting, reason="shutdown", delay_s=self._release_delay_s())
+            await self._release_all(waiting, reason=SHUTDOWN, delay_s=self._release_delay_s())
         running = set(self._jobs)
         if running:
             log.info("waiting up to %.0f s for %d running job(s)", self.options.shutdown_grace_s, len(running))

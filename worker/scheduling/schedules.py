@@ -135,10 +135,15 @@ class ScheduleFile(BaseModel):
 
 
 def format_scheduled_time(moment: datetime) -> str:
-    """Scheduler's ``<aws.scheduler.scheduled-time>`` format: ISO 8601 UTC, whole seconds, ``Z``."""
+    """Scheduler's ``<aws.scheduler.scheduled-time>`` format: ISO 8601 UTC, whole seconds, ``Z``; milliseconds
+    only for a moment that has them (``schedules fire --now``: never a slot of Scheduler's)."""
     if moment.tzinfo is None:
         raise ValueError("scheduled times must be aware datetimes")
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    utc = moment.astimezone(UTC)
+    milliseconds = utc.microsecond // 1000
+    if milliseconds:
+        return utc.strftime("%Y-%m-%dT%H:%M:%S") + f".{milliseconds:03d}Z"
+    return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def terraform_json(value: Any) -> str:

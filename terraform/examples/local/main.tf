@@ -90,7 +90,7 @@ module "worker" {
   enable_ecs                = false
   redrive_allow_policy      = var.redrive_allow_policy
   table_deletion_protection = false
-  max_receive_count         = 3
+  max_receive_count         = 9 # above the default max_attempts (5); not the module default, to show it flows through
   shutdown_grace_s          = 5
 }
 

@@ -4,6 +4,7 @@ resource "aws_sqs_queue" "dlq" {
   name                              = local.dlq_name
   fifo_queue                        = var.fifo_queue
   message_retention_seconds         = var.dead_letter_retention_s
+  max_message_size                  = var.max_message_size
   sqs_managed_sse_enabled           = var.kms_key_arn == null ? true : null
   kms_master_key_id                 = var.kms_key_arn
   kms_data_key_reuse_period_seconds = var.kms_key_arn == null ? null : 300
@@ -23,6 +24,7 @@ resource "aws_sqs_queue" "queue" {
   content_based_deduplication       = var.fifo_queue ? var.content_based_deduplication : null
   visibility_timeout_seconds        = var.visibility_timeout_s
   message_retention_seconds         = var.message_retention_s
+  max_message_size                  = var.max_message_size
   receive_wait_time_seconds         = var.receive_wait_time_s
   sqs_managed_sse_enabled           = var.kms_key_arn == null ? true : null
   kms_master_key_id                 = var.kms_key_arn
@@ -64,6 +66,7 @@ resource "aws_sqs_queue" "extra_dlq" {
   name                              = "${var.name}-${each.key}-dlq${local.suffix}"
   fifo_queue                        = var.fifo_queue
   message_retention_seconds         = var.dead_letter_retention_s
+  max_message_size                  = var.max_message_size
   sqs_managed_sse_enabled           = var.kms_key_arn == null ? true : null
   kms_master_key_id                 = var.kms_key_arn
   kms_data_key_reuse_period_seconds = var.kms_key_arn == null ? null : 300
@@ -78,6 +81,7 @@ resource "aws_sqs_queue" "extra" {
   content_based_deduplication       = var.fifo_queue ? var.content_based_deduplication : null
   visibility_timeout_seconds        = var.visibility_timeout_s
   message_retention_seconds         = var.message_retention_s
+  max_message_size                  = var.max_message_size
   receive_wait_time_seconds         = var.receive_wait_time_s
   sqs_managed_sse_enabled           = var.kms_key_arn == null ? true : null
   kms_master_key_id                 = var.kms_key_arn

@@ -110,6 +110,17 @@ variable "max_receive_count" {
   }
 }
 
+variable "max_message_size" {
+  description = "Largest message (bytes) the queues and their DLQs take. SQS takes up to 1048576 (1 MiB, what bootstrap and the test kit use); hashicorp/aws before 6.8 refuses more than 262144 (256 KiB), hence the default."
+  type        = number
+  default     = 262144
+
+  validation {
+    condition     = var.max_message_size >= 1024 && var.max_message_size <= 1048576
+    error_message = "max_message_size must be 1024..1048576 bytes (hashicorp/aws before 6.8: at most 262144)."
+  }
+}
+
 variable "receive_wait_time_s" {
   description = "The queue's default long-polling wait (0..20 s)."
   type        = number
