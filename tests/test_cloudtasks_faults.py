@@ -57,6 +57,19 @@ async def _ledger_item(endpoint_url: str, table: str, key: str) -> dict[str, Any
     return item
 
 
+def hanging_registry() -> tuple[Registry, asyncio.Event]:
+    """A registry whose job ``hang`` (3 attempts) runs until cancelled, and the event it sets when it starts."""
+    registry = Registry()
+    started = asyncio.Event()
+
+    @registry.job("hang", max_attempts=3, timeout_s=60)
+    async def hang(payload: dict[str, Any]) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    return registry, started
+
+
 async def test_a_completion_not_recorded_is_recorded_by_the_redelivery_without_running_again(
     env: Backend, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -134,13 +147,7 @@ async def test_a_running_jobs_lease_is_short_and_renewed(
 
 async def test_a_last_attempt_cancelled_at_shutdown_is_kept_as_a_dead_letter(env: Backend, tmp_path: Any) -> None:
     table = await make_dead_letter_table(env.endpoint_url)
-    registry = Registry()
-    started = asyncio.Event()
-
-    @registry.job("hang", max_attempts=3, timeout_s=60)
-    async def hang(payload: dict[str, Any]) -> None:
-        started.set()
-        await asyncio.Event().wait()
+    registry, started = hanging_registry()
 
     async with serving(registry, queue="q", dead_letter_table=table, tmp_path=tmp_path, shutdown_grace_s=0.5) as s:
         last = asyncio.create_task(call(s.url, envelope("hang"), task_headers("last", retry_count=2)))
@@ -157,13 +164,7 @@ async def test_a_last_attempt_still_waiting_for_a_slot_at_shutdown_is_kept_as_a_
     env: Backend, tmp_path: Any
 ) -> None:
     table = await make_dead_letter_table(env.endpoint_url)
-    registry = Registry()
-    started = asyncio.Event()
-
-    @registry.job("hang", max_attempts=3, timeout_s=60)
-    async def hang(payload: dict[str, Any]) -> None:
-        started.set()
-        await asyncio.Event().wait()
+    registry, started = hanging_registry()
 
     async with serving(
         registry, queue="q", dead_letter_table=table, tmp_path=tmp_path, shutdown_grace_s=0.5, concurrency=1

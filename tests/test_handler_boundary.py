@@ -29,7 +29,6 @@ class Halt(BaseException):
 @pytest.mark.parametrize("kind", ["async", "def"])
 def test_a_handler_exiting_fails_its_job_not_the_worker(error: BaseException, kind: str) -> None:
     registry = Registry()
-    done: list[int] = []
 
     if kind == "async":
 
@@ -43,19 +42,27 @@ def test_a_handler_exiting_fails_its_job_not_the_worker(error: BaseException, ki
         def exits_in_thread(payload: dict[str, Any]) -> None:
             raise error
 
+    assert_fails_alone(registry, "exits", f"{describe_error(error)} (raised by the handler; the worker does not exit)")
+
+
+def assert_fails_alone(registry: Registry, failing: str, error_message: str) -> None:
+    """Run job ``failing`` beside three fine ones in the kit: the fine ones run, ``failing`` is retried once and
+    dead-lettered as exhausted with ``error_message``, and the queue ends empty."""
+    done: list[int] = []
+
     @registry.job("fine")
     async def fine(payload: dict[str, Any]) -> None:
         done.append(payload["n"])
 
     kit = InMemoryWorker(registry)
-    kit.enqueue("exits", {})
+    kit.enqueue(failing, {})
     for n in range(3):
         kit.enqueue("fine", {"n": n})
     result = kit.run_until_idle()
     assert sorted(done) == [0, 1, 2]
     [dead] = result.dead_letters
     assert (dead.category, dead.attempts, result.retried) == ("exhausted", 2, 1)
-    assert dead.error_message == f"{describe_error(error)} (raised by the handler; the worker does not exit)"
+    assert dead.error_message == error_message
     assert kit.counts().total == 0
 
 
@@ -129,7 +136,6 @@ def test_a_middleware_exiting_fails_its_job_not_the_worker(error: BaseException)
     """As a handler's: a middleware's SystemExit stopped the worker (and cut the other jobs' grace); a custom
     BaseException left the job without an outcome (back after its visibility timeout, an attempt lost)."""
     registry = Registry()
-    done: list[int] = []
 
     @registry.middleware
     async def guard(ctx: JobContext, call_next: CallNext) -> Any:
@@ -139,21 +145,10 @@ def test_a_middleware_exiting_fails_its_job_not_the_worker(error: BaseException)
 
     @registry.job("guarded", max_attempts=2, backoff_base_s=1)
     async def guarded(payload: dict[str, Any]) -> None:
-        done.append(-1)
+        raise AssertionError("the middleware stops it first")
 
-    @registry.job("fine")
-    async def fine(payload: dict[str, Any]) -> None:
-        done.append(payload["n"])
-
-    kit = InMemoryWorker(registry)
-    kit.enqueue("guarded", {})
-    for n in range(3):
-        kit.enqueue("fine", {"n": n})
-    result = kit.run_until_idle()
-    assert sorted(done) == [0, 1, 2]
-    [dead] = result.dead_letters
-    assert (dead.category, dead.attempts, result.retried) == ("exhausted", 2, 1)
-    assert dead.error_message == f"{describe_error(error)} (raised by the middleware; the worker does not exit)"
+    message = f"{describe_error(error)} (raised by the middleware; the worker does not exit)"
+    assert_fails_alone(registry, "guarded", message)
 
 
 def test_a_middleware_returning_call_next_unawaited_is_a_bug_not_a_success() -> None:
