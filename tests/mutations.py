@@ -524,6 +524,83 @@ BREAKAGES: tuple[Breakage, ...] = (
         'UNJUDGED_FAMILIES = ("WORKER_WEBHOOK_", "WORKER_EMAIL_", "WORKER_REPORT_", "WORKER_DASHBOARD_")  # MUTANT\n',
         ("tests/test_settings_sources.py::test_unknown_worker_variables_are_named_with_the_setting_they_misspell",),
     ),
+    Breakage(
+        "x4",
+        "a handler's BaseException other than SystemExit, KeyboardInterrupt, GeneratorExit escapes the retry rules",
+        "worker/runtime/execution.py",
+        "    except (Exception, asyncio.CancelledError):\n        raise\n    except BaseException as exc:\n"
+        "        raise HandlerExit(exc) from exc\n",
+        "    except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:  # MUTANT\n"
+        "        raise HandlerExit(exc) from exc\n",
+        ("tests/test_handler_boundary.py::test_a_handler_exiting_fails_its_job_not_the_worker",),
+    ),
+    Breakage(
+        "x5",
+        "a middleware's SystemExit stops the worker (not wrapped as the job's failure)",
+        "worker/middleware.py",
+        '        raise HandlerExit(exc, source="middleware") from exc\n',
+        "        raise  # MUTANT\n",
+        ("tests/test_handler_boundary.py::test_a_middleware_exiting_fails_its_job_not_the_worker",),
+    ),
+    Breakage(
+        "x6",
+        "a middleware's un-awaited call_next() makes the job succeed without its handler",
+        "worker/middleware.py",
+        "    if inspect.isawaitable(result):\n",
+        "    if False:  # MUTANT\n",
+        ("tests/test_handler_boundary.py::test_a_middleware_returning_call_next_unawaited_is_a_bug_not_a_success",),
+    ),
+    Breakage(
+        "t1",
+        "Cloud Tasks: a running job's lease is not renewed",
+        "worker/backends/cloudtasks/runner.py",
+        "        renewing = asyncio.create_task(self._keep_lease(request, claim, name)) if claim is not None else "
+        "None\n",
+        "        renewing = None  # MUTANT\n",
+        ("tests/test_cloudtasks_faults.py::test_a_running_jobs_lease_is_short_and_renewed",),
+    ),
+    Breakage(
+        "t2",
+        "Cloud Tasks: a redelivery does not record the completion its first delivery could not write",
+        "worker/backends/cloudtasks/runner.py",
+        "        if request.task_name in self._unrecorded:  # it ran here; its completion is what is missing\n",
+        "        if False:  # MUTANT\n",
+        (
+            "tests/test_cloudtasks_faults.py::test_a_completion_not_recorded_is_recorded_by_the_redelivery_without_running_again",
+        ),
+    ),
+    Breakage(
+        "t3",
+        "Cloud Tasks: a last attempt cancelled at shutdown is answered 503 (Cloud Tasks drops it, no record)",
+        "worker/backends/cloudtasks/runner.py",
+        "                if last:  # Cloud Tasks would drop it: keep it as a dead letter\n",
+        "                if False:  # MUTANT\n",
+        ("tests/test_cloudtasks_faults.py::test_a_last_attempt_cancelled_at_shutdown_is_kept_as_a_dead_letter",),
+    ),
+    Breakage(
+        "t4",
+        "Cloud Tasks: after a failed key fetch every request fetches again (no pause)",
+        "worker/backends/cloudtasks/auth.py",
+        "        if self._failed_at is not None and now - self._failed_at < RETRY_AFTER_FAILURE_S:\n",
+        "        if False:  # MUTANT\n",
+        ("tests/test_cloudtasks_units.py::test_concurrent_requests_share_one_key_fetch_and_a_failure_pauses_fetching",),
+    ),
+    Breakage(
+        "b2",
+        "a burst gives up on jobs its own rate limit held back",
+        "worker/runtime/burst.py",
+        "        elif event.kind is Kind.RELEASED and event.reason not in NOT_AWAITED:\n",
+        "        elif False:  # MUTANT\n",
+        ("tests/test_burst.py::test_burst_waits_for_the_jobs_its_own_rate_limit_held_back",),
+    ),
+    Breakage(
+        "s2",
+        "schedules fire --now keys to the second (two fires in a second share a key)",
+        "worker/commands/schedules.py",
+        "    return now.replace(microsecond=now.microsecond // 1000 * 1000)\n",
+        "    return now.replace(microsecond=0)  # MUTANT\n",
+        ("tests/test_schedules_fire_ledger.py::test_fire_says_a_done_slot_is_skipped_and_now_fires_a_fresh_run",),
+    ),
 )
 
 
