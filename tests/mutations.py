@@ -90,7 +90,7 @@ BREAKAGES: tuple[Breakage, ...] = (
         "e1",
         "shutdown does not release waiting (unstarted) messages",
         "worker/runtime/worker.py",
-        'await self._release_all(waiting, reason="shutdown", delay_s=self._release_delay_s())',
+        "await self._release_all(waiting, reason=SHUTDOWN, delay_s=self._release_delay_s())",
         "pass  # MUTANT",
         ("tests/test_guards.py::test_shutdown_releases_unstarted_and_cancelled_messages",),
     ),
@@ -98,7 +98,7 @@ BREAKAGES: tuple[Breakage, ...] = (
         "e2",
         "shutdown does not release jobs cancelled after the grace period",
         "worker/runtime/processing.py",
-        'await self.outcomes.hold_back(held, self._release_delay_s(), "cancelled at shutdown")',
+        "await self.outcomes.hold_back(held, self._release_delay_s(), CANCELLED_AT_SHUTDOWN)",
         "pass  # MUTANT",
         (
             "tests/test_guards.py::test_shutdown_releases_unstarted_and_cancelled_messages",
@@ -405,8 +405,8 @@ BREAKAGES: tuple[Breakage, ...] = (
         "x1",
         "a handler's SystemExit (or KeyboardInterrupt, GeneratorExit) escapes its job and stops the worker",
         "worker/runtime/execution.py",
-        "    except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:\n",
-        "    except ZeroDivisionError as exc:  # MUTANT\n",
+        "    except BaseException as exc:\n        raise HandlerExit(exc) from exc\n",
+        "    except ZeroDivisionError as exc:  # MUTANT\n        raise HandlerExit(exc) from exc\n",
         ("tests/test_handler_boundary.py::test_a_handler_exiting_fails_its_job_not_the_worker",),
     ),
     Breakage(
