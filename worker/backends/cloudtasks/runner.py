@@ -230,7 +230,11 @@ class TaskRunner:
         renewing = asyncio.create_task(self._keep_lease(request, claim, name)) if claim is not None else None
         try:
             handler = functools.partial(call_handler, job, context, self.threads, owner=request)
-            result = await call_through(self.registry.middlewares, context, handler)
+            try:
+                result = await call_through(self.registry.middlewares, context, handler)
+            finally:
+                if renewing is not None:  # before the outcome's own writes to the claim
+                    renewing.cancel()
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():  # shutdown past the grace
@@ -242,9 +246,6 @@ class TaskRunner:
             return await self._failed(request, job, asyncio.CancelledError(), claim, max_attempts, started)
         except Exception as exc:
             return await self._failed(request, job, exc, claim, max_attempts, started)
-        finally:
-            if renewing is not None:
-                renewing.cancel()
         duration_s = time.monotonic() - started
         if claim is not None and self.ledger is not None:
             self._remember_unrecorded(request.task_name, (claim, result_for_ledger(result), name))
