@@ -676,3 +676,12 @@ async def test_a_refused_dead_letter_send_falls_back_to_the_category(backend: Ba
         attributes = {k: {"DataType": "String", "StringValue": v} for k, v in record_.items() if k != "body"}
         assert 0 < message_bytes(text, attributes) - len(text) <= 200  # refitted to 256 KiB, not all dropped
     assert queue_is_empty(backend.endpoint_url, queues.queue_url)
+
+
+@pytest.mark.parametrize("text", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+def test_a_due_time_with_no_utc_time_is_a_value_error(text: str) -> None:
+    """Valid ISO 8601 whose UTC time is out of range raised OverflowError: an internal error on every receive."""
+    from worker.flow.delays import parse_due_at
+
+    with pytest.raises(ValueError, match="out of range"):
+        parse_due_at(text)

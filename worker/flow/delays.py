@@ -40,7 +40,10 @@ def parse_due_at(text: str) -> datetime:
     moment = datetime.fromisoformat(text.strip())
     if moment.tzinfo is None:
         raise ValueError(f"{DUE_AT_ATTRIBUTE} has no timezone (end it with Z or an offset)")
-    return moment.astimezone(UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+01:00: valid ISO 8601, no UTC time
+        raise ValueError(f"{DUE_AT_ATTRIBUTE} {text.strip()!r} has no UTC time (out of range)") from None
 
 
 def due_at_of(message_attributes: dict[str, Any]) -> datetime | None:
