@@ -685,3 +685,12 @@ def test_a_due_time_with_no_utc_time_is_a_value_error(text: str) -> None:
 
     with pytest.raises(ValueError, match="out of range"):
         parse_due_at(text)
+
+
+def test_a_run_at_with_no_utc_time_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from worker.commands.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["enqueue", "x", "--payload", "{}", "--run-at", "0001-01-01T00:00:00+01:00"])
+    assert exited.value.code == 2
+    assert "has no UTC time (out of range)" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from worker.commands.selection import add_queue_option, one_queue
@@ -165,6 +165,10 @@ def run_at_time(text: str) -> datetime:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 date and time: {text!r}") from None
     if moment.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{text!r} has no timezone: end it with Z or an offset such as +01:00")
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+01:00: no UTC time
+        raise argparse.ArgumentTypeError(f"{text!r} has no UTC time (out of range)") from None
     return moment
 
 

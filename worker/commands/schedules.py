@@ -147,7 +147,10 @@ def _scheduled_time(schedule: Schedule, at: str | None) -> datetime:
         raise ConfigError(f"--at {at!r} is not an ISO 8601 time such as 2026-11-30T09:00:00Z") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=schedule.zone)  # a wall time in the schedule's zone
-    moment = moment.astimezone(UTC).replace(microsecond=0)
+    try:
+        moment = moment.astimezone(UTC).replace(microsecond=0)
+    except OverflowError:  # 0001-01-01T00:00:00+01:00: no UTC time
+        raise ConfigError(f"--at {at!r} has no UTC time (out of range)") from None
     if schedule.latest_fire_time(moment) != moment:
         from worker.scheduling.schedules import format_scheduled_time
 
