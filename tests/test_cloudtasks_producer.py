@@ -38,6 +38,8 @@ def test_run_at_is_the_schedule_time_within_30_days() -> None:
         job_task(settings(), "jobs", Job("echo", delay_s=5, run_at=when))
     with pytest.raises(ConfigError, match="timezone"):
         job_task(settings(), "jobs", Job("echo", run_at=datetime(2030, 1, 1)))
+    with pytest.raises(ConfigError, match="has no UTC time"):
+        job_task(settings(), "jobs", Job("echo", run_at=datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))))
 
 
 @pytest.mark.parametrize("payload", [{"s": "\ud800"}, {"\udfff": 1}, {"deep": [{"s": "a\udc80b"}]}])

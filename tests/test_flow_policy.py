@@ -72,6 +72,8 @@ def test_run_at_always_carries_its_due_time() -> None:
         (10, NOW, "not both"),
         (0, datetime(2026, 12, 1), "timezone"),
         (0, NOW + timedelta(seconds=MAX_DELAY_S + 1), "a year"),
+        (0, datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1))), "has no UTC time"),
+        (0, datetime(9999, 12, 31, 23, 59, tzinfo=timezone(timedelta(hours=-1))), "has no UTC time"),
     ],
 )
 def test_bad_delays_are_refused_clearly(delay_s: int, run_at: datetime | None, message: str) -> None:

@@ -87,12 +87,21 @@ def schedule(*, delay_s: float, run_at: datetime | None, now: datetime, max_hop_
             return Schedule(delay_s=int(delay_s), due_at=None)
         due_at = now + timedelta(seconds=delay_s)
     else:
-        if run_at.tzinfo is None:
-            raise ConfigError("run_at needs a timezone (for example datetime.now(UTC) + timedelta(hours=2))")
-        due_at = run_at.astimezone(UTC)
+        due_at = run_at_utc(run_at)
         if (due_at - now).total_seconds() > MAX_DELAY_S:
             raise ConfigError(f"run_at must be at most {MAX_DELAY_S} s (a year) ahead")
     return Schedule(delay_s=hop_s(due_at=due_at, now=now, max_hop_s=max_hop_s), due_at=due_at)
+
+
+def run_at_utc(run_at: datetime) -> datetime:
+    """A producer's ``run_at`` in UTC. Raises ConfigError when it has no timezone, or no UTC time
+    (``datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))``)."""
+    if run_at.tzinfo is None:
+        raise ConfigError("run_at needs a timezone (for example datetime.now(UTC) + timedelta(hours=2))")
+    try:
+        return run_at.astimezone(UTC)
+    except OverflowError:
+        raise ConfigError(f"run_at {run_at.isoformat()} has no UTC time (out of range)") from None
 
 
 def hop_s(*, due_at: datetime, now: datetime, max_hop_s: int = MAX_HOP_S) -> int:

@@ -19,6 +19,7 @@ from worker.backends.cloudtasks.auth import SECRET_HEADER_NAME
 from worker.backends.cloudtasks.contract import MAX_EXTRA_HEADER_BYTES, MAX_TASK_BODY_BYTES
 from worker.backends.cloudtasks.settings import CloudTasksSettings
 from worker.errors import ConfigError, QueueUnavailable
+from worker.flow.delays import run_at_utc
 from worker.producer import Job, envelope_body
 
 #: Cloud Tasks schedules at most 30 days ahead.
@@ -123,11 +124,10 @@ def _due_at(delay_s: float, run_at: datetime | None, now: datetime) -> datetime 
                 f"delay_s must be between 0 and {MAX_DELAY_S} (Cloud Tasks schedules up to 30 days ahead)"
             )
         return now + timedelta(seconds=delay_s) if delay_s else None
-    if run_at.tzinfo is None:
-        raise ConfigError("run_at needs a timezone (for example datetime.now(UTC) + timedelta(hours=2))")
-    if (run_at - now).total_seconds() > MAX_DELAY_S:
+    due_at = run_at_utc(run_at)
+    if (due_at - now).total_seconds() > MAX_DELAY_S:
         raise ConfigError(f"run_at must be at most {MAX_DELAY_S} s ahead (Cloud Tasks schedules up to 30 days ahead)")
-    return run_at.astimezone(UTC) if run_at > now else None
+    return due_at if due_at > now else None
 
 
 def create_task(client: Any, settings: CloudTasksSettings, queue_path: str, task: dict[str, Any]) -> Created:
