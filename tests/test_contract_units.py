@@ -39,6 +39,14 @@ def test_public_names_are_sorted_and_importable() -> None:
         ('{"type": "a", "type": "b"}', "field 'type' more than once"),
         ('{"type": "a", "typ\\u0065": "b"}', "field 'type' more than once"),  # an escape spells the same name
         ('{"payload": {}, "type": "a", "payload": {"x": 1}}', "field 'payload' more than once"),
+        (
+            '{"type": "a", "workflow": {"id": "w", "kind": "chain", "index": 0, "index": 1, "total": 2}}',
+            "envelope's workflow has field 'index' more than once",
+        ),
+        (
+            '{"type": "a", "workflow": {"id": "w", "kind": "chain", "index": 0, "total": 2, "id": "v"}}',
+            "envelope's workflow has field 'id' more than once",
+        ),
     ],
 )
 def test_bad_envelopes_name_the_problem(body: str, fragment: str) -> None:
@@ -57,6 +65,9 @@ def test_envelope_round_trip() -> None:
     # A field name that recurs inside the payload, or an escape, is no repeat of an envelope field.
     assert parse_envelope('{"type": "a", "payload": {"type": "b"}}').payload == {"type": "b"}
     assert parse_envelope('{"type": "caf\\u00e9"}').type == "café"
+    nested = '{"type": "a", "workflow": {"id": "w", "kind": "chain", "index": 0, "total": 2, "input": [{"id": 1}]}}'
+    workflow = parse_envelope(nested).workflow
+    assert workflow is not None and workflow.id == "w" and workflow.input == [{"id": 1}]
 
 
 def test_non_finite_numbers_arrive_as_sent_not_as_null() -> None:

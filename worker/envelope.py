@@ -90,23 +90,45 @@ def parse_envelope(body: str) -> Envelope:
 
 
 def _repeated_field(body: str) -> str | None:
-    """An envelope field given twice (JSON keeps the last; a gateway or a log reader may take the first), or None.
+    """An envelope field given twice, at the top or inside ``workflow`` (JSON keeps the last; a gateway or a log
+    reader may take the first), or None.
 
     Parsed again, keeping every key, only when the text allows a repeat: a field name seen twice, or an escape
     (``"typ\\u0065"`` spells ``"type"``)."""
-    if "\\u" not in body and all(body.count(f'"{name}"') < 2 for name in Envelope.model_fields):
+    if not _may_repeat(body):
         return None
-    top: list[list[tuple[str, Any]]] = []
+    pairs_of: dict[int, list[tuple[str, Any]]] = {}
+    top: list[dict[str, Any]] = []
 
     def keep_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        top[:] = [pairs]  # the outermost object is decoded last
-        return dict(pairs)
+        decoded = dict(pairs)
+        pairs_of[id(decoded)] = pairs
+        top[:] = [decoded]  # the outermost object is decoded last
+        return decoded
 
     json.loads(body, object_pairs_hook=keep_pairs)
-    names = [name for name, _ in top[0]] if top else []
+    if not top:
+        return None
+    outer = pairs_of[id(top[0])]
+    problem = _repeats("envelope", outer)
+    workflows = [value for name, value in outer if name == "workflow" and isinstance(value, dict)]
+    if problem is None and workflows:
+        problem = _repeats("envelope's workflow", pairs_of[id(workflows[0])])
+    return problem
+
+
+def _may_repeat(body: str) -> bool:
+    """Whether the text leaves room for a repeated envelope or workflow field (else no second parse)."""
+    if "\\u" in body or any(body.count(f'"{name}"') > 1 for name in Envelope.model_fields):
+        return True
+    return '"workflow"' in body and any(body.count(f'"{name}"') > 1 for name in WorkflowRef.model_fields)
+
+
+def _repeats(what: str, pairs: list[tuple[str, Any]]) -> str | None:
+    names = [name for name, _ in pairs]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
-        return "envelope has field " + ", ".join(repr(name) for name in repeated) + " more than once"
+        return f"{what} has field " + ", ".join(repr(name) for name in repeated) + " more than once"
     return None
 
 
