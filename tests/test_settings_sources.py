@@ -19,8 +19,10 @@ from worker.settings import (
     AwsConnection,
     aws_region,
     load_settings,
+    read_dotenv,
     unknown_variables,
     variable_names,
+    variable_warnings,
 )
 
 PACKAGE = Path(__file__).resolve().parents[1] / "worker"
@@ -172,6 +174,26 @@ def test_the_command_line_warns_once_about_misspelt_variables_and_unparsed_doten
         text=True,
     )
     assert (child.returncode, child.stderr) == (0, "")
+
+
+def test_a_quote_left_open_names_every_line_it_swallows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """python-dotenv reads an open quote on to the next quote: the lines between are lost, and named."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(PROCESS_INDEX_ENV, raising=False)
+    (tmp_path / ".env").write_text('WORKER_CONCURRENCY=3\nWORKER_QUEUE="jobs\nWORKER_WAIT=5\nWORKER_X="y"\nbad\n')
+    dotenv = read_dotenv(tmp_path / ".env")
+    assert dotenv.values == {"WORKER_CONCURRENCY": "3", "bad": None}
+    assert dotenv.unparsed_lines == ((2, 4),)
+    assert variable_warnings()[0] == ".env line(s) 2-4 do not parse (KEY=value; is a quote left open?): skipped"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("variable", ["WORKER_SHUTDOWN_GRACE_S", "WORKER_START_TIMEOUT_S", "WORKER_HEALTH_MAX_AGE_S"])
+def test_a_time_setting_is_a_finite_number(variable: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_QUEUE", "jobs")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=f"^invalid settings: {variable}: Input should be a finite number"):
+        load_settings()
 
 
 def test_a_bad_option_is_one_line(tmp_path: Path) -> None:

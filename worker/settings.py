@@ -100,10 +100,15 @@ class WorkerSettings(BaseSettings):
     visibility_timeout_s: int = Field(
         default=30, ge=5, le=43_200, description="Claim length; heartbeats extend it while a job runs."
     )
-    shutdown_grace_s: float = Field(default=30.0, ge=0, description="Time running jobs get to finish on SIGTERM.")
+    shutdown_grace_s: float = Field(
+        default=30.0, ge=0, allow_inf_nan=False, description="Time running jobs get to finish on SIGTERM."
+    )
     poll_wait_s: int = Field(default=20, ge=0, le=20, description="Long-polling wait of each ReceiveMessage.")
     start_timeout_s: float = Field(
-        default=60.0, gt=0, description="How long `run` keeps trying to reach SQS at start before it exits 2."
+        default=60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long `run` keeps trying to reach SQS at start before it exits 2.",
     )
     max_receive_count: int | None = Field(
         default=None, ge=1, le=1000, description="Redrive maxReceiveCount for bootstrap; default: max_attempts + 2."
@@ -136,7 +141,9 @@ class WorkerSettings(BaseSettings):
         default="/tmp/sqs-worker-health",  # noqa: S108 - a liveness timestamp, not a secret; overridable  # nosec B108
         description="File the running worker touches each loop turn; `sqs-worker health --check` reads it.",
     )
-    health_max_age_s: float = Field(default=60.0, gt=0, description="Older liveness than this is unhealthy.")
+    health_max_age_s: float = Field(
+        default=60.0, gt=0, allow_inf_nan=False, description="Older liveness than this is unhealthy."
+    )
     schedules_file: str | None = Field(default=None, description="Path of the schedules YAML file (cron jobs).")
 
     @field_validator("handlers", "redact_fields", mode="before")
@@ -267,10 +274,11 @@ def load_settings(settings_class: type[WorkerSettings] | None = None, **override
 
 @dataclass(frozen=True)
 class Dotenv:
-    """A ``.env`` file as python-dotenv (and so pydantic-settings) reads it: its values, and the lines it skips."""
+    """A ``.env`` file as python-dotenv (and so pydantic-settings) reads it: its values, and the lines it skips
+    (each run of them as its first and last line: a quote left open swallows every line after it)."""
 
     values: dict[str, str | None]
-    unparsed_lines: tuple[int, ...] = ()
+    unparsed_lines: tuple[tuple[int, int], ...] = ()
 
 
 def read_dotenv(path: Path) -> Dotenv:
@@ -279,11 +287,12 @@ def read_dotenv(path: Path) -> Dotenv:
     from dotenv.parser import parse_stream
 
     values: dict[str, str | None] = {}
-    unparsed: list[int] = []
+    unparsed: list[tuple[int, int]] = []
     with path.open(encoding="utf-8", errors="replace") as stream:
         for binding in parse_stream(stream):
             if binding.error:
-                unparsed.append(binding.original.line)
+                first = binding.original.line
+                unparsed.append((first, first + binding.original.string.rstrip("\n").count("\n")))
             elif binding.key is not None:
                 values[binding.key] = binding.value
     return Dotenv(values, tuple(unparsed))
@@ -334,8 +343,9 @@ def variable_warnings(*settings_classes: type[BaseSettings]) -> list[str]:
     dotenv = read_dotenv(Path(".env"))
     warnings = []
     if dotenv.unparsed_lines:
-        lines = ", ".join(str(line) for line in dotenv.unparsed_lines)
-        warnings.append(f".env line(s) {lines} do not parse (KEY=value): skipped")
+        lines = ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in dotenv.unparsed_lines)
+        hint = "" if all(first == last for first, last in dotenv.unparsed_lines) else "; is a quote left open?"
+        warnings.append(f".env line(s) {lines} do not parse (KEY=value{hint}): skipped")
     classes: tuple[type[BaseSettings], ...] = (WorkerSettings, *settings_classes)
     known = [name for cls in classes for name in variable_names(cls)]
     unknown = unknown_variables([*os.environ, *dotenv.values], known)

@@ -21,4 +21,6 @@ class DashboardSettings(WorkerSettings):
     dashboard_actions: bool = Field(
         default=False, description="Allow redrive, requeue, purge and fire now (else the dashboard is read-only)."
     )
-    dashboard_sample_s: float = Field(default=5.0, gt=0, le=60, description="How often the overview samples.")
+    dashboard_sample_s: float = Field(
+        default=5.0, gt=0, allow_inf_nan=False, le=60, description="How often the overview samples."
+    )

@@ -51,7 +51,10 @@ class CloudTasksSettings(BaseSettings):
         description="How long Cloud Tasks waits for an answer (HTTP targets: 15 s-30 min).",
     )
     dead_letter_write_s: float = Field(
-        default=60.0, gt=0, description="How long a request keeps trying to write its dead-letter record."
+        default=60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long a request keeps trying to write its dead-letter record.",
     )
 
     def queue_path(self, queue: str) -> str:
