@@ -107,6 +107,11 @@ async def test_status_of_an_unknown_key_and_without_a_table(
     code, _, err = await status(backend, "never-seen", table=None, monkeypatch=monkeypatch, capsys=capsys)
     assert code == 2
     assert "WORKER_IDEMPOTENCY_TABLE" in err
+    # An empty key (DynamoDB refuses one) or bytes that are not UTF-8: said so, not blamed on the endpoint.
+    for key, says in [("", "KEY is empty"), ("caf\udce9", "is not valid UTF-8")]:
+        code, out, err = await status(backend, key, table=ledger.table_name, monkeypatch=monkeypatch, capsys=capsys)
+        assert (code, out) == (2, "")
+        assert says in err and len(err.splitlines()) == 1, err
 
 
 async def test_status_of_a_key_that_names_no_job_says_so_in_one_line(

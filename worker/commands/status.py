@@ -48,7 +48,12 @@ def run(args: argparse.Namespace) -> int:
     table = args.table or load_settings(queue=_NO_QUEUE, queues="").idempotency_table
     if not table:
         raise ConfigError("no idempotency table: set WORKER_IDEMPOTENCY_TABLE or pass --table")
-    stored = storage_key(args.key)
+    if not args.key:
+        raise ConfigError("KEY is empty: give a job's idempotency key or a workflow id")
+    try:
+        stored = storage_key(args.key)
+    except UnicodeEncodeError:  # bytes of the command line that are not UTF-8
+        raise ConfigError(f"KEY {args.key!r} is not valid UTF-8, as no idempotency key is") from None
     if is_worker_item(stored):
         print(f"{args.key!r} names the worker's own item (a rate limit, breaker or worker), not a job", file=sys.stderr)
         return NOT_FOUND_EXIT
