@@ -47,11 +47,14 @@ class Situation:
     names: tuple[str, ...]  # what the line must name (any of them)
 
 
-@pytest.fixture(params=["wrong endpoint", "refused credentials", "access denied", "missing queue"])
+@pytest.fixture(params=["wrong endpoint", "web page", "refused credentials", "access denied", "missing queue"])
 def situation(request: pytest.FixtureRequest) -> Iterator[Situation]:
     if request.param == "wrong endpoint":
         port = free_port()  # bound and closed again: nothing listens there
         yield Situation(request.param, f"http://127.0.0.1:{port}", (f"127.0.0.1:{port}",))
+    elif request.param == "web page":  # AWS_ENDPOINT_URL names a web server: its 404 page
+        with error_server(Answer(404, "")) as server:
+            yield Situation(request.param, server.url, (server.url,))
     elif request.param == "refused credentials":
         with error_server(Answer(403, "InvalidClientTokenId")) as server:
             yield Situation(request.param, server.url, ("InvalidClientTokenId",))
@@ -108,6 +111,8 @@ def test_each_command_says_what_is_wrong_in_one_line(
     line = assert_one_line(err, situation)
     if situation.name == "wrong endpoint":
         assert "cannot reach" in line
+    elif situation.name == "web page":
+        assert "HTTP 404 (Oops)" in line and "not an AWS answer: check AWS_ENDPOINT_URL" in line
     elif situation.name == "refused credentials":
         assert "credentials" in line
     elif situation.name == "access denied":

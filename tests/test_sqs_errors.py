@@ -84,7 +84,15 @@ def test_an_html_error_page_is_one_short_line() -> None:
     error = client_error("500", 500, HTML_500)
     assert describe(error) == "HTTP 500 (Internal Server Error)"
     line = str(translate(error, "StartMessageMoveTask"))
-    assert line == "StartMessageMoveTask failed: HTTP 500 (Internal Server Error)"
+    page = "a web page, not an AWS answer: check AWS_ENDPOINT_URL"
+    assert line == f"StartMessageMoveTask failed: HTTP 500 (Internal Server Error), {page}"
+    at = translate(
+        client_error("404", 404, HTML_500.replace("500 Internal Server Error", "404 Not Found")),
+        "GetItem",
+        service="dynamodb",
+        endpoint="http://127.0.0.1:8080",
+    )
+    assert str(at) == f"GetItem refused: HTTP 404 (Not Found) from http://127.0.0.1:8080, {page}"
     # The JSON protocol drops an HTML body and keeps the status line's reason: the same line.
     assert describe(client_error("500", 500, "Internal Server Error")) == "HTTP 500 (Internal Server Error)"
     long_text = client_error("InvalidParameterValue", 400, "x " * 500 + "\n second line")

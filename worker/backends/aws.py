@@ -249,6 +249,12 @@ def endpoint_of(exc: BaseException) -> str | None:
     return None
 
 
+def client_endpoint(client: Any) -> str | None:
+    """The endpoint URL a client calls (None for a client that has none, such as the memory backend's)."""
+    url = getattr(getattr(client, "meta", None), "endpoint_url", None)
+    return url if isinstance(url, str) else None
+
+
 def translate(
     exc: BaseException, action: str, *, service: str = "sqs", resource: str | None = None, endpoint: str | None = None
 ) -> WorkerError:
@@ -285,7 +291,18 @@ def translate(
             f"{action}: cannot reach {name}{at} ({_reason(exc)}): check AWS_ENDPOINT_URL and the network"
         )
     verb = "refused" if trouble is Trouble.REFUSED else "failed"
+    if _is_page(exc):  # a web server, not AWS, answered: say which, and where to look
+        at = f" from {where}" if where else ""
+        return unavailable(f"{action} {verb}: {detail}{at}, a web page, not an AWS answer: check AWS_ENDPOINT_URL")
     return unavailable(f"{action} {verb}: {detail}")
+
+
+def _is_page(exc: BaseException) -> bool:
+    """Whether a failed call's answer was an HTML page (a web server or proxy answered, not AWS)."""
+    if not isinstance(exc, ClientError):
+        return False
+    _, message, status = _error(exc)
+    return _page_summary(message, status) is not None
 
 
 # ------------------------------------------------------------------------------------------------- clients

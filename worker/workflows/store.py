@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.backends.aws import call_with_budget, translate
+from worker.backends.aws import call_with_budget, client_endpoint, translate
 from worker.budgets import LEDGER, Budget
 from worker.errors import LedgerUnavailable
 from worker.idempotency import KEY_ATTRIBUTE
@@ -170,7 +170,17 @@ class WorkflowStore:
         return found
 
     def _unavailable(self, operation: str, exc: Exception) -> LedgerUnavailable:
-        return LedgerUnavailable(str(translate(exc, operation, service="dynamodb", resource=self.table_name)))
+        return LedgerUnavailable(
+            str(
+                translate(
+                    exc,
+                    operation,
+                    service="dynamodb",
+                    resource=self.table_name,
+                    endpoint=client_endpoint(self._client),
+                )
+            )
+        )
 
 
 def _placeholders(text: str, sigil: str) -> set[str]:
