@@ -41,6 +41,7 @@ from worker.idempotency.ledger import encode_result
 from worker.idempotency.memory import MemoryStore
 from worker.jobs import JobSpec, Registry
 from worker.observability.events import Event, Kind, Observers
+from worker.observability.logs import event_fields
 from worker.policy import describe_error, safe_text
 
 if TYPE_CHECKING:
@@ -613,7 +614,11 @@ async def test_a_body_at_the_size_limit_is_dead_lettered_byte_for_byte(
             await running.recorder.wait_count(Kind.DEAD_LETTERED, 1, timeout_s=20)
     assert calls.counts == {"refuse": 1}
     found = dlq_records(backend, queues.dlq_url, 1)
-    record_ = found.get(message_id) or next(iter(found.values()))
+    # No room for original_message_id: the ERROR line `job dead-lettered` names the record's DLQ message id.
+    fields = event_fields(running.recorder.of(Kind.DEAD_LETTERED)[0])
+    assert list(found) == [fields["dlq_message_id"]]
+    assert fields["message_id"] == message_id
+    record_ = found[fields["dlq_message_id"]]
     assert record_["body"] == text
     kept = {name for name in record_ if name != "body"}
     assert kept == ({"error_category"} if room else set())

@@ -235,7 +235,7 @@ class Outcomes:
         tries, first_try = 0, self.clock.monotonic()
         while True:
             try:
-                await self._dlq(held).send(
+                dlq_message_id = await self._dlq(held).send(
                     message.body,
                     attributes=attributes,
                     group_id=message.group_id,
@@ -272,7 +272,9 @@ class Outcomes:
                 await asyncio.sleep(delay_s)
         entry.sent = True
         await self._delete_dead_lettered(held)
-        self.emit(Kind.DEAD_LETTERED, held, category=category, error=error, duration_s=duration_s)
+        # The DLQ's id of the record: `dlq show` finds a record by it, even one with no room for attributes.
+        extra = {"dlq_message_id": dlq_message_id} if dlq_message_id else {}
+        self.emit(Kind.DEAD_LETTERED, held, category=category, error=error, duration_s=duration_s, extra=extra)
 
     async def check_dlq_sizes(self, routes: Sequence[Route]) -> None:
         """At start: one ERROR line per DLQ whose MaximumMessageSize is smaller than its source queue's (a body
