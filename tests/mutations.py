@@ -405,8 +405,8 @@ BREAKAGES: tuple[Breakage, ...] = (
         "x1",
         "a handler's SystemExit (or KeyboardInterrupt, GeneratorExit) escapes its job and stops the worker",
         "worker/runtime/execution.py",
-        "    except BaseException as exc:\n        raise HandlerExit(exc) from exc\n",
-        "    except ZeroDivisionError as exc:  # MUTANT\n        raise HandlerExit(exc) from exc\n",
+        '    with FailsTheJob("handler"):\n        return await _call_handler(',
+        "    if True:  # MUTANT\n        return await _call_handler(",
         ("tests/test_handler_boundary.py::test_a_handler_exiting_fails_its_job_not_the_worker",),
     ),
     Breakage(
@@ -527,19 +527,17 @@ BREAKAGES: tuple[Breakage, ...] = (
     Breakage(
         "x4",
         "a handler's BaseException other than SystemExit, KeyboardInterrupt, GeneratorExit escapes the retry rules",
-        "worker/runtime/execution.py",
-        "    except (Exception, asyncio.CancelledError):\n        raise\n    except BaseException as exc:\n"
-        "        raise HandlerExit(exc) from exc\n",
-        "    except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:  # MUTANT\n"
-        "        raise HandlerExit(exc) from exc\n",
+        "worker/errors.py",
+        "if exc is None or isinstance(exc, Exception | asyncio.CancelledError):",
+        "if exc is None or not isinstance(exc, SystemExit | KeyboardInterrupt | GeneratorExit):  # MUTANT",
         ("tests/test_handler_boundary.py::test_a_handler_exiting_fails_its_job_not_the_worker",),
     ),
     Breakage(
         "x5",
         "a middleware's SystemExit stops the worker (not wrapped as the job's failure)",
         "worker/middleware.py",
-        '        raise HandlerExit(exc, source="middleware") from exc\n',
-        "        raise  # MUTANT\n",
+        '    with FailsTheJob("middleware"):\n        result = await _call_chain(',
+        "    if True:  # MUTANT\n        result = await _call_chain(",
         ("tests/test_handler_boundary.py::test_a_middleware_exiting_fails_its_job_not_the_worker",),
     ),
     Breakage(

@@ -17,7 +17,9 @@ The tree::
 
 from __future__ import annotations
 
+import asyncio
 import math
+from types import TracebackType
 
 
 class WorkerError(Exception):
@@ -58,6 +60,24 @@ class HandlerExit(WorkerError):
         super().__init__(f"{type(error).__name__} raised by the {source}")
         self.error = error
         self.source = source
+
+
+class FailsTheJob:
+    """``with FailsTheJob(source):`` around a handler's or middleware's run: a BaseException that is no Exception
+    (nor ``asyncio.CancelledError``, the worker's own cancellation) leaves as HandlerExit, the job's failure."""
+
+    def __init__(self, source: str = "handler") -> None:
+        self.source = source
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None or isinstance(exc, Exception | asyncio.CancelledError):
+            return
+        raise HandlerExit(exc, source=self.source) from exc
 
 
 class JobTimeout(WorkerError, TimeoutError):

@@ -20,13 +20,12 @@ around it.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from worker.context import JobContext
-from worker.errors import ConfigError, HandlerExit
+from worker.errors import ConfigError, FailsTheJob
 
 #: What a middleware calls to run the rest of the chain (the next middleware, at the end the handler).
 CallNext = Callable[[], Awaitable[Any]]
@@ -67,12 +66,8 @@ async def call_through(chain: Sequence[Middleware], ctx: JobContext, handler: Ca
     A middleware's BaseException that is no Exception (SystemExit, ...) becomes HandlerExit: the job's failure,
     never the worker's exit (``asyncio.CancelledError`` passes as it is). A result that is an awaitable nobody
     awaited (``return call_next()`` without ``await``: the handler never ran) is a TypeError, the job's bug."""
-    try:
+    with FailsTheJob("middleware"):
         result = await _call_chain(chain, ctx, handler)
-    except (Exception, asyncio.CancelledError):
-        raise
-    except BaseException as exc:
-        raise HandlerExit(exc, source="middleware") from exc
     if inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()  # never run: no "was never awaited" warning on top

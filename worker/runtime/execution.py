@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from worker.context import JobContext, ProgressSink
 from worker.envelope import INVALID_PAYLOAD, UNKNOWN_TYPE, Envelope, describe_errors, parse_envelope
-from worker.errors import HandlerExit, InvalidMessage, JobTimeout
+from worker.errors import FailsTheJob, HandlerExit, InvalidMessage, JobTimeout
 from worker.jobs import JobSpec, Registry
 from worker.lifecycle import Resources
 from worker.policy import Decision, classify_failure, describe_error
@@ -102,12 +102,8 @@ async def call_handler(job: PreparedJob, context: JobContext, threads: JobThread
     ``asyncio.CancelledError`` passes as it is (the worker's own cancellation, or the handler's, told apart by
     the caller).
     """
-    try:
+    with FailsTheJob("handler"):
         return await _call_handler(job, context, threads, owner=owner)
-    except (Exception, asyncio.CancelledError):
-        raise
-    except BaseException as exc:
-        raise HandlerExit(exc) from exc
 
 
 async def _call_handler(job: PreparedJob, context: JobContext, threads: JobThreads, *, owner: object) -> Any:
