@@ -164,7 +164,7 @@ class TaskRunner:
             category, error, job_type, attempt = decided
             return await self._dead_letter(request, category, error, job_type=job_type, attempt=attempt)
         if request.task_name in self._unrecorded:  # it ran here; its completion is what is missing
-            recorded = await self._record_completion(request)
+            recorded = await self._record_completion(request, redelivered=True)
             if recorded is not None:
                 return recorded
         try:
@@ -255,9 +255,12 @@ class TaskRunner:
         self._emit(Kind.SUCCEEDED, request, name, duration_s=duration_s)
         return done("succeeded")
 
-    async def _record_completion(self, request: TaskRequest, *, duration_s: float | None = None) -> Reply | None:
-        """Record the completion of the job this process ran for ``request`` (now, or on a redelivery after a
-        failed write): the reply, or None when the key was taken over meanwhile (the delivery goes on as new)."""
+    async def _record_completion(
+        self, request: TaskRequest, *, duration_s: float | None = None, redelivered: bool = False
+    ) -> Reply | None:
+        """Record the completion of the job this process ran for ``request``, right after the run or on a
+        ``redelivered`` request after a failed write: the reply; None when the key was taken over before a
+        redelivery (the delivery goes on as new)."""
         assert self.ledger is not None
         claim, result, name = self._unrecorded[request.task_name]
         try:
@@ -274,7 +277,7 @@ class TaskRunner:
         self._unrecorded.pop(request.task_name, None)
         if not completed:
             self._emit(Kind.CLAIM_LOST, request, name, reason="idempotency lease was taken over")
-            return not_now("claim_lost", retry_after_s=LEDGER_RETRY_S) if duration_s is not None else None
+            return None if redelivered else not_now("claim_lost", retry_after_s=LEDGER_RETRY_S)
         self._emit(Kind.SUCCEEDED, request, name, duration_s=duration_s)
         return done("succeeded")
 
