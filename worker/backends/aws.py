@@ -255,6 +255,13 @@ def client_endpoint(client: Any) -> str | None:
     return url if isinstance(url, str) else None
 
 
+def table_unavailable(exc: BaseException, action: str, *, table: str, client: Any) -> LedgerUnavailable:
+    """A running ledger's failed call (idempotency or workflow table): always LedgerUnavailable (fail closed),
+    worded as ``translate`` words it, naming the table and the client's endpoint."""
+    error = translate(exc, action, service="dynamodb", resource=table, endpoint=client_endpoint(client))
+    return error if isinstance(error, LedgerUnavailable) else LedgerUnavailable(str(error))
+
+
 def translate(
     exc: BaseException, action: str, *, service: str = "sqs", resource: str | None = None, endpoint: str | None = None
 ) -> WorkerError:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.backends.aws import call_with_budget, client_endpoint, translate
+from worker.backends.aws import call_with_budget, table_unavailable, translate
 from worker.budgets import LEDGER, Budget
 from worker.errors import LedgerUnavailable
 from worker.idempotency.expressions import (
@@ -205,17 +205,7 @@ class DynamoDBStore:
 
     def _unavailable(self, operation: str, exc: Exception) -> LedgerUnavailable:
         """Every failure of a running ledger is LedgerUnavailable (fail closed), worded by the edge's table."""
-        return LedgerUnavailable(
-            str(
-                translate(
-                    exc,
-                    operation,
-                    service="dynamodb",
-                    resource=self.table_name,
-                    endpoint=client_endpoint(self._client),
-                )
-            )
-        )
+        return table_unavailable(exc, operation, table=self.table_name, client=self._client)
 
 
 def status_index() -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
-from worker.backends.aws import call_with_budget, client_endpoint, translate
+from worker.backends.aws import call_with_budget, table_unavailable
 from worker.budgets import LEDGER, Budget
 from worker.errors import LedgerUnavailable
 from worker.idempotency import KEY_ATTRIBUTE
@@ -170,17 +170,7 @@ class WorkflowStore:
         return found
 
     def _unavailable(self, operation: str, exc: Exception) -> LedgerUnavailable:
-        return LedgerUnavailable(
-            str(
-                translate(
-                    exc,
-                    operation,
-                    service="dynamodb",
-                    resource=self.table_name,
-                    endpoint=client_endpoint(self._client),
-                )
-            )
-        )
+        return table_unavailable(exc, operation, table=self.table_name, client=self._client)
 
 
 def _placeholders(text: str, sigil: str) -> set[str]:
