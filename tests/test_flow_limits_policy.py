@@ -387,3 +387,66 @@ def test_breakers_list_says_when_a_half_open_breaker_waits_for_its_next_probe() 
     assert format_line("api", given_back, now_ms=10).endswith("no probe running: the next job probes")
     running = policy.Record(state=State.HALF_OPEN, probe_owner="w1", probe_until_ms=1_767_225_600_000)
     assert format_line("api", running, now_ms=10).endswith("probe running until 2026-01-01T00:00:00.000Z at the latest")
+
+
+async def test_a_write_answered_late_does_not_bring_back_the_breaker_it_replaced() -> None:
+    """Two counted failures of one worker write at once: the first write lands (failures 2) but its answer comes
+    back last, after the second, refused, has opened the breaker on top of it. The worker that opened it must hold
+    the key's next job: remembering the late answer (closed, failures 2) ran that worker's jobs for another
+    BREAKER_CACHE_S with the breaker open (seen across two workers on a loaded machine, 11 calls instead of 3)."""
+    import asyncio
+    from typing import Any
+
+    from worker.flow.gate import Gate, Outcome, Step
+    from worker.flow.store import MemoryFlowStore, SlotAnswer
+
+    store = MemoryFlowStore()
+    first_answer, first_landed = asyncio.Event(), asyncio.Event()
+    written: list[int] = []
+
+    class LateFirstAnswer:
+        shared = True
+
+        async def take_slot(self, key: str, plan: gcra.Plan) -> SlotAnswer:
+            return await store.take_slot(key, plan)
+
+        async def breaker(self, key: str) -> policy.Record | None:
+            return await store.breaker(key)
+
+        async def write_breaker(
+            self, key: str, record: policy.Record, *, seen_version: int | None
+        ) -> tuple[bool, policy.Record | None]:
+            answer = await store.write_breaker(key, record, seen_version=seen_version)
+            written.append(record.version)
+            if len(written) == 2:  # the first change's write: it landed; its answer waits for the second change
+                first_landed.set()
+                await first_answer.wait()
+            return answer
+
+    changes: list[str] = []
+    gate = Gate(LateFirstAnswer(), owner="a", now_ms=lambda: 1_000_000_000)
+    gate.on_change = lambda change: changes.append(change.state.value)
+    breaker = Breaker(key=lambda p: "host", failures=3, window_s=60, cooldown_s=30)
+
+    async def admit(n: int) -> Any:
+        return await gate.admit(
+            job_type="hook",
+            rate=None,
+            rate_key=None,
+            breaker=breaker,
+            breaker_key="host",
+            message_id=str(n),
+            timeout_s=30,
+        )
+
+    tickets = [(await admit(n)).ticket for n in range(3)]
+    await gate.report(tickets[0], Outcome.COUNTED, job_type="hook")  # failures 1 (version 1), known to the gate
+    late = asyncio.ensure_future(gate.report(tickets[1], Outcome.COUNTED, job_type="hook"))  # failures 2, answer held
+    await first_landed.wait()
+    await gate.report(tickets[2], Outcome.COUNTED, job_type="hook")  # refused on version 1, then opens: version 3
+    assert changes == ["open"]
+    first_answer.set()
+    await late
+    decision = await admit(3)
+    assert decision.step is Step.HOLD, decision
+    assert "open" in decision.reason

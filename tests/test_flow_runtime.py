@@ -20,6 +20,7 @@ from tests.support.harness import Recorder, make_queues, running_worker, send, s
 from tests.support.queues import assert_queue_empty, message_count
 from worker import Breaker, RetryableError
 from worker.commands.__main__ import main
+from worker.flow import gate as gate_module
 from worker.flow import parse_rate
 from worker.flow.gate import BREAKER_CACHE_S, Gate
 from worker.flow.store import DynamoFlowStore
@@ -118,6 +119,10 @@ def breaker_changes(recorders: list[Recorder]) -> list[str]:
 async def test_a_breaker_opens_pauses_probes_once_across_two_workers_and_closes(
     backend: Backend, dynamodb: DynamoDBClient, table: str, queues: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
+    # Each worker reads the breaker anew for every job: the README lets a change take about a second
+    # (BREAKER_CACHE_S) to reach the other worker, which ran up to its concurrency of jobs meanwhile on a loaded
+    # machine. Within one worker a late answer no longer hides its own change (test_flow_limits_policy).
+    monkeypatch.setattr(gate_module, "BREAKER_CACHE_S", 0.0)
     queues = make_queues(backend.endpoint_url, max_receive_count=MAX_RECEIVE_COUNT)
     registry = Registry()
     state = {"down": True, "calls": 0, "running": 0, "most_running": 0}
@@ -150,15 +155,17 @@ async def test_a_breaker_opens_pauses_probes_once_across_two_workers_and_closes(
         recorders = [first.recorder, second.recorder]
         for n in range(3):
             send(backend.endpoint_url, queues.queue_url, {"type": "hook", "payload": {"host": "api.example", "n": n}})
-        await wait_all(recorders, lambda: "open" in breaker_changes(recorders), timeout_s=30)
-        calls_at_open = state["calls"]  # 3, and the retries (backoff 0) that started before it opened
-        for n in range(3, 9):
-            send(backend.endpoint_url, queues.queue_url, {"type": "hook", "payload": {"host": "api.example", "n": n}})
 
         def held(kind: str) -> list[Any]:
             return [e for r in recorders for e in r.events if e.kind is Kind.RELEASED and kind in (e.reason or "")]
 
+        await wait_all(recorders, lambda: "open" in breaker_changes(recorders), timeout_s=30)
+        # The three retry until each is held (a held message stays away for the cool-down): then none is in flight.
         await wait_all(recorders, lambda: len(held("'api.example' open")) >= 3, timeout_s=30)
+        calls_at_open = state["calls"]  # 3, and the retries (backoff 0) that started before it opened
+        for n in range(3, 9):
+            send(backend.endpoint_url, queues.queue_url, {"type": "hook", "payload": {"host": "api.example", "n": n}})
+        await wait_all(recorders, lambda: len(held("'api.example' open")) >= 3 + 6, timeout_s=30)
         assert state["calls"] == calls_at_open  # paused: nothing ran while open
 
         # the operator sees it open

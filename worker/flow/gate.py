@@ -15,6 +15,7 @@ is saturated.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import time
@@ -126,6 +127,15 @@ def _remember(cache: dict[str, Any], key: str, value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class _Known:
+    """A key's breaker as this worker last learned it: when, what, and the number of the store call that said so."""
+
+    at_s: float
+    record: policy.Record | None
+    asked: int
+
+
 def _wall_ms() -> int:
     return int(time.time() * 1000)
 
@@ -149,7 +159,8 @@ class Gate:
         self.on_change = on_change
         self._backlogs: dict[str, gcra.Backlog] = {}
         self._tat_ms: dict[str, float] = {}
-        self._breakers: dict[str, tuple[float, policy.Record | None]] = {}
+        self._breakers: dict[str, _Known] = {}
+        self._asked = itertools.count()  # numbers the breaker reads and writes in the order they are sent
         self._locks: dict[str, asyncio.Lock] = {}
 
     @property
@@ -242,30 +253,45 @@ class Gate:
     # ------------------------------------------------------------------------------------------------ breakers
 
     async def _breaker(self, key: str) -> policy.Record | None:
-        cached = self._breakers.get(key)
-        if cached is not None and time.monotonic() - cached[0] < BREAKER_CACHE_S:
-            return cached[1]
-        record = await self.store.breaker(key)
-        _remember(self._breakers, key, (time.monotonic(), record))
+        known = self._breakers.get(key)
+        if known is not None and time.monotonic() - known.at_s < BREAKER_CACHE_S:
+            return known.record
+        asked = next(self._asked)
+        return self._learn(key, await self.store.breaker(key), asked)
+
+    def _learn(self, key: str, record: policy.Record | None, asked: int) -> policy.Record | None:
+        """Remember the record the store call numbered ``asked`` answered, unless a call asked later has answered
+        already (a write that finished after a newer one, or a read that crossed it, would bring back the breaker
+        as it was: the worker that had just opened it ran its jobs for another BREAKER_CACHE_S). Returns the newest
+        record known."""
+        known = self._breakers.get(key)
+        if known is not None and known.asked > asked:
+            return known.record
+        _remember(self._breakers, key, _Known(time.monotonic(), record, asked))
         return record
 
     async def _change(
         self, key: str, job_type: str, change: Callable[[policy.Record], policy.Record]
     ) -> policy.Record | None:
         """Apply ``change`` to the key's record with a version check, again on the stored record when refused."""
-        cached = self._breakers.get(key)
-        current = cached[1] if cached is not None else await self.store.breaker(key)
+        known = self._breakers.get(key)
+        if known is not None:
+            current, asked = known.record, known.asked
+        else:
+            asked = next(self._asked)
+            current = await self.store.breaker(key)
         for _ in range(MAX_WRITES):
             base = current or policy.Record()
             new = change(base)
             if new is base:
-                _remember(self._breakers, key, (time.monotonic(), current))
+                self._learn(key, current, asked)
                 return None  # nothing to write
+            asked = next(self._asked)
             ok, stored = await self.store.write_breaker(
                 key, new, seen_version=None if current is None else current.version
             )
             if ok:
-                _remember(self._breakers, key, (time.monotonic(), new))
+                self._learn(key, new, asked)
                 if new.state is not base.state:
                     self._changed(Change(key, job_type, base.state, new.state))
                 return new
@@ -283,8 +309,8 @@ class Gate:
         written = await self._change(key, job_type, probe)
         if written is not None:
             return True
-        cached = self._breakers.get(key)
-        record = cached[1] if cached is not None else None
+        known = self._breakers.get(key)
+        record = known.record if known is not None else None
         return record is None or record.state is policy.State.CLOSED
 
     # ------------------------------------------------------------------------------------------------ report
