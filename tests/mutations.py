@@ -599,6 +599,50 @@ BREAKAGES: tuple[Breakage, ...] = (
         "    return now.replace(microsecond=0)  # MUTANT\n",
         ("tests/test_schedules_fire_ledger.py::test_fire_says_a_done_slot_is_skipped_and_now_fires_a_fresh_run",),
     ),
+    Breakage(
+        "g1",
+        "one worker's counted failures of a key write at once: refused by each other, 10 count as 4",
+        "worker/flow/gate.py",
+        "        async with lock:\n            return await self._change_locked(key, job_type, change)\n",
+        "        return await self._change_locked(key, job_type, change)  # MUTANT\n",
+        ("tests/test_flow_gate_races.py::test_concurrent_counted_failures_of_one_worker_are_all_counted",),
+    ),
+    Breakage(
+        "g2",
+        "a breaker write that landed but whose answer was lost is refused on its retry and applied again",
+        "worker/flow/store.py",
+        '        if not result.ok and not (result.item is not None and result.item.get("write_id") == write_id):\n',
+        "        if not result.ok:  # MUTANT\n",
+        ("tests/test_flow_gate_races.py::test_dynamo_one_counted_failure_whose_answer_is_lost_counts_once",),
+    ),
+    Breakage(
+        "g3",
+        "a new breaker item counts versions from 0: a record of the item a reset deleted passes its version check",
+        "worker/flow/gate.py",
+        "    return secrets.randbelow(FIRST_VERSIONS)\n",
+        "    return 0  # MUTANT\n",
+        (
+            "tests/test_flow_gate_races.py::test_a_reset_is_not_undone_by_a_worker_whose_cached_version_the_new_item_reached_again",
+        ),
+    ),
+    Breakage(
+        "g4",
+        "a probe write that landed and then failed is not given back (the key waits out the probe's lease)",
+        "worker/flow/gate.py",
+        "                with contextlib.suppress(Exception):\n                    await asyncio.shield(give_back)\n",
+        "                give_back.close()  # MUTANT\n",
+        ("tests/test_flow_gate_races.py::test_a_probe_write_that_raises_after_landing_does_not_leave_a_ghost_probe",),
+    ),
+    Breakage(
+        "g5",
+        "an answer that overlapped a newer one replaces it (the worker that opened its breaker runs its jobs)",
+        "worker/flow/gate.py",
+        "        if kept is not None and (record is None or record.version <= kept.version):\n",
+        "        if kept is not None and False:  # MUTANT\n",
+        (
+            "tests/test_flow_gate_races.py::test_a_read_sent_before_the_opening_write_but_answered_after_it_does_not_reclose_the_breaker",
+        ),
+    ),
 )
 
 

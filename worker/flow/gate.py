@@ -15,9 +15,11 @@ is saturated.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +34,8 @@ from worker.observability.events import Event, Kind
 
 log = logging.getLogger("worker.flow")
 
+#: A new breaker item's first version is drawn below this (DynamoDB numbers are exact to 38 digits).
+FIRST_VERSIONS = 2**62
 #: A breaker read is reused this long by the jobs of its key on this worker.
 BREAKER_CACHE_S = 1.0
 #: Conditional writes tried for one slot or one breaker change before giving up (contention).
@@ -134,6 +138,14 @@ class _Known:
     at_s: float
     record: policy.Record | None
     asked: int
+    learned: int = 0  # the call number current when it was learned (after every call sent before it)
+
+
+def _first_version() -> int:
+    """Where a key's new item starts counting versions: at random, so that a record of an item deleted since (by
+    ``breakers reset``, or its TTL) never passes the version check of the new one. Counting from 0 each time, a
+    worker's cached open record of the old item matched the new item's third write and opened it again."""
+    return secrets.randbelow(FIRST_VERSIONS)
 
 
 def _wall_ms() -> int:
@@ -162,6 +174,7 @@ class Gate:
         self._breakers: dict[str, _Known] = {}
         self._asked = itertools.count()  # numbers the breaker reads and writes in the order they are sent
         self._locks: dict[str, asyncio.Lock] = {}
+        self._change_locks: dict[str, asyncio.Lock] = {}
 
     @property
     def shared(self) -> bool:
@@ -198,7 +211,18 @@ class Gate:
             assert breaker is not None
             assert breaker_key is not None
             lease_ms = int(timeout_s * 1000) + policy.PROBE_MARGIN_MS
-            if not await self._take_probe(breaker_key, job_type, ticket.owner, lease_ms, breaker):
+            try:
+                taken = await self._take_probe(breaker_key, job_type, ticket.owner, lease_ms, breaker)
+            except BaseException:
+                owner = ticket.owner
+                self._breakers.pop(breaker_key, None)  # the write may have landed: change the stored record
+                give_back = self._change(
+                    breaker_key, job_type, lambda r: policy.on_inconclusive(r, now_ms=self._now_ms(), owner=owner)
+                )
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(give_back)
+                raise
+            if not taken:
                 return self._hold(breaker.cooldown_s * 1000, _held_reason(breaker_key, None))
             ticket.probe = True
         return Decision(Step.RUN, ticket=ticket)
@@ -260,20 +284,30 @@ class Gate:
         return self._learn(key, await self.store.breaker(key), asked)
 
     def _learn(self, key: str, record: policy.Record | None, asked: int) -> policy.Record | None:
-        """Remember the record the store call numbered ``asked`` answered, unless a call asked later has answered
-        already (a write that finished after a newer one, or a read that crossed it, would bring back the breaker
-        as it was: the worker that had just opened it ran its jobs for another BREAKER_CACHE_S). Returns the newest
-        record known."""
+        """Remember the record that the store call numbered ``asked`` answered; returns the newest record known.
+
+        A call sent after the known record was learned answers later news, whatever its version (a reset answers
+        None). One that overlapped it (the known record was learned while this call was in flight) may have been
+        served before or after it: the higher version wins. Remembering the later answer alone brought back the
+        breaker as it was: the worker that had just opened it ran its jobs for another BREAKER_CACHE_S."""
         known = self._breakers.get(key)
-        if known is not None and known.asked > asked:
-            return known.record
-        _remember(self._breakers, key, _Known(time.monotonic(), record, asked))
+        kept = known.record if known is not None and known.learned > asked else None
+        if kept is not None and (record is None or record.version <= kept.version):
+            return kept
+        _remember(self._breakers, key, _Known(time.monotonic(), record, asked, next(self._asked)))
         return record
 
     async def _change(
         self, key: str, job_type: str, change: Callable[[policy.Record], policy.Record]
     ) -> policy.Record | None:
         """Apply ``change`` to the key's record with a version check, again on the stored record when refused."""
+        lock = self._change_locks.get(key) or _remember(self._change_locks, key, asyncio.Lock())
+        async with lock:
+            return await self._change_locked(key, job_type, change)
+
+    async def _change_locked(
+        self, key: str, job_type: str, change: Callable[[policy.Record], policy.Record]
+    ) -> policy.Record | None:
         known = self._breakers.get(key)
         if known is not None:
             current, asked = known.record, known.asked
@@ -281,7 +315,7 @@ class Gate:
             asked = next(self._asked)
             current = await self.store.breaker(key)
         for _ in range(MAX_WRITES):
-            base = current or policy.Record()
+            base = current or policy.Record(version=_first_version())
             new = change(base)
             if new is base:
                 self._learn(key, current, asked)

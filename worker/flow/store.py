@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -149,7 +150,13 @@ class DynamoFlowStore(DynamoDBStore):
     async def write_breaker(self, key: str, record: Record, *, seen_version: int | None) -> tuple[bool, Record | None]:
         fields = asdict(record)
         fields["state"] = record.state.value
-        assign = {**fields, "breaker_key": key, "expiration": math.ceil(record.changed_at_ms / 1000) + KEEP_S}
+        write_id = uuid.uuid4().hex  # names this write: a retry refused by its own landed first send sees it
+        assign = {
+            **fields,
+            "breaker_key": key,
+            "write_id": write_id,
+            "expiration": math.ceil(record.changed_at_ms / 1000) + KEEP_S,
+        }
         remove = [name for name, value in assign.items() if value is None]
         update = Update(assign={k: v for k, v in assign.items() if v is not None}, remove=remove)
         if seen_version is None:
@@ -158,7 +165,7 @@ class DynamoFlowStore(DynamoDBStore):
         else:
             condition, values = Compare("version", "=", "seen_version"), {"seen_version": seen_version}
         result = await self.update(BREAKER_PREFIX + key, update, condition=condition, values=values)
-        if not result.ok:
+        if not result.ok and not (result.item is not None and result.item.get("write_id") == write_id):
             return False, record_of(result.item)
         if key not in self._indexed:
             await self._index(key)
@@ -202,7 +209,8 @@ class DynamoFlowStore(DynamoDBStore):
         return {key: record for key, record in zip(keys, records, strict=True) if record is not None}
 
     async def reset_breaker(self, key: str) -> bool:
-        """Close ``key``'s breaker (delete its item; the next failure starts a new window). False: no such item."""
+        """Close ``key``'s breaker (delete its item; the next failure starts a new window). False: no such item.
+        The next item of the key starts at a version of its own (``Gate``), which no record of this one has."""
         try:
             response = await call_with_budget(
                 lambda: self._client.delete_item(
