@@ -643,6 +643,37 @@ BREAKAGES: tuple[Breakage, ...] = (
             "tests/test_flow_gate_races.py::test_a_read_sent_before_the_opening_write_but_answered_after_it_does_not_reclose_the_breaker",
         ),
     ),
+    Breakage(
+        "g6",
+        "a probe that succeeded but whose completion the ledger could not record leaves its breaker half-open",
+        "worker/runtime/processing.py",
+        (
+            "        await self._settle_success(held, job, result, duration_s)\n"
+            "        await self._report_flow(held, Outcome.SUCCEEDED)\n"
+        ),
+        "        await self._settle_success(held, job, result, duration_s)  # MUTANT\n",
+        (
+            "tests/test_flow_runtime.py::"
+            "test_a_probe_that_succeeded_closes_its_breaker_though_the_ledger_could_not_record_it",
+        ),
+        also=(
+            (
+                (
+                    "        await self.outcomes.ack(held)\n"
+                    "        self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)\n"
+                    "\n"
+                    "    async def _complete_claim"
+                ),
+                (
+                    "        await self.outcomes.ack(held)\n"
+                    "        self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)\n"
+                    "        await self._report_flow(held, Outcome.SUCCEEDED)\n"
+                    "\n"
+                    "    async def _complete_claim"
+                ),
+            ),
+        ),
+    ),
 )
 
 

@@ -285,6 +285,51 @@ async def test_concurrent_workers_never_share_a_slot(dynamodb: DynamoDBClient, t
     assert all(d.delay_s >= 1 and d.reason.startswith("rate limit") for d in decisions if d.step.value == "hold")
 
 
+async def test_a_probe_that_succeeded_closes_its_breaker_though_the_ledger_could_not_record_it(
+    backend: Backend, dynamodb: DynamoDBClient, table: str
+) -> None:
+    """The probe's handler succeeded, then the ledger could not record the completion (the message reappears
+    and runs again): the downstream answered, so the breaker closes. The early return before the breaker's report
+    kept it half-open, every job of the key held back, for the probe's lease (timeout_s + 5 s)."""
+    from worker.errors import LedgerUnavailable
+    from worker.flow.gate import Step
+    from worker.idempotency import Ledger
+
+    queues = make_queues(backend.endpoint_url, max_receive_count=MAX_RECEIVE_COUNT)
+    registry = Registry()
+    breaker = Breaker(key=lambda p: "api.example", failures=1, window_s=60, cooldown_s=1)
+    ran: list[int] = []
+
+    @registry.job("hook", breaker=breaker, idempotent=True, max_attempts=10, backoff_base_s=0, backoff_max_s=0)
+    async def hook(payload: dict[str, Any]) -> None:
+        ran.append(payload["n"])
+        if ran.count(1) == 1 and payload["n"] == 1:
+            raise RetryableError("downstream answered 503")  # opens the breaker; its retry will succeed
+
+    class CannotRecord(Ledger):
+        async def complete(self, claim: Any, *, result: Any = None) -> bool:
+            raise LedgerUnavailable("UpdateItem refused: the table is unreachable (test)")
+
+    ledger = CannotRecord(dynamodb, table, owner="w")
+    gate = Gate()
+    async with running_worker(backend.endpoint_url, queues, registry, ledger=ledger, gate=gate) as running:
+        send(backend.endpoint_url, queues.queue_url, {"type": "hook", "payload": {"n": 1}, "idempotency_key": "k1"})
+        await running.recorder.wait_for(lambda r: bool(r.of(Kind.BREAKER_CHANGED)), timeout_s=30)
+        await running.recorder.wait_for(lambda r: len(r.of(Kind.BREAKER_CHANGED)) >= 3, timeout_s=30)
+    changes = [e.extra["state"] for e in running.recorder.of(Kind.BREAKER_CHANGED)]
+    assert changes[:3] == ["open", "half_open", "closed"], changes
+    decision = await gate.admit(
+        job_type="hook",
+        rate=None,
+        rate_key=None,
+        breaker=breaker,
+        breaker_key="api.example",
+        message_id="next",
+        timeout_s=600,
+    )
+    assert decision.step is Step.RUN and not decision.ticket.probe, decision
+
+
 async def test_a_probe_cancelled_at_shutdown_is_given_back_for_the_next_job_to_probe(backend: Backend) -> None:
     """Past the shutdown grace the probe's job is cancelled: its breaker lets the next job of the key probe at once
     rather than wait out the probe's lease (the job's timeout_s + 5 s, 15 minutes by default)."""

@@ -300,7 +300,9 @@ class Processor:
             if current is not None and current.cancelling():
                 raise  # the worker cancelled this job (shutdown past the grace period)
             if held.lease_lost:
-                # Another worker took the job over: it owns the message and the outcome now; touch neither.
+                # Another worker took the job over: it owns the message and the outcome now; touch neither. A
+                # breaker's probe is given back: that worker's gate would hold the job behind it for its lease.
+                await self._report_flow(held, Outcome.NOT_COUNTED)
                 return False
             # Nobody in the worker cancelled it: the handler raised CancelledError itself. That is the job's
             # failure (retried with backoff, counted), not a shutdown.
@@ -343,6 +345,13 @@ class Processor:
         self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)
 
     async def _succeeded(self, held: Held, job: PreparedJob, result: Any, duration_s: float) -> None:
+        """The handler succeeded: settle the message, then tell its breaker, whatever the settling did (a probe
+        that succeeded and then met a ledger that could not record it, a lost claim or a workflow state not
+        written, kept its breaker half-open, every job of the key held, for the probe's lease)."""
+        await self._settle_success(held, job, result, duration_s)
+        await self._report_flow(held, Outcome.SUCCEEDED)
+
+    async def _settle_success(self, held: Held, job: PreparedJob, result: Any, duration_s: float) -> None:
         if held.claim is not None and self.ledger is not None:
             try:
                 fenced_ok = await self._complete_claim(held.claim, result_for_ledger(result))
@@ -360,7 +369,6 @@ class Processor:
             return
         await self.outcomes.ack(held)
         self._emit(Kind.SUCCEEDED, held, duration_s=duration_s)
-        await self._report_flow(held, Outcome.SUCCEEDED)
 
     async def _complete_claim(self, claim: Claim, result: Any) -> bool:
         """Record completion (the ledger retries it within its budget: a lost completion means the job runs again)."""
