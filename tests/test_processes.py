@@ -226,3 +226,32 @@ def test_group_status_is_ok_only_when_every_member_is() -> None:
     failing = group_status([(0, ok), (1, bad)], "are ready")
     assert not failing.ok and failing.reason == "process 1: unreachable: sqs"
     assert not group_status([], "are ready").ok
+
+
+async def test_a_signal_while_a_child_is_being_started_reaches_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM while the supervisor was starting a child (the container's stop right after its start, or a
+    restart): the signal went to the children already running, so the new one took jobs until it was killed at
+    the grace's end (its jobs ran again) and the group exited 1. Now it is told at once, as the others were."""
+    import asyncio
+    import time
+
+    from worker.runtime.supervisor import Supervisor
+    from worker.settings import WorkerSettings
+
+    settings = WorkerSettings(queue="q", shutdown_grace_s=30, health_file=str(tmp_path / "health"))
+    child = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\ntime.sleep(120)\n"
+    supervisor = Supervisor(settings, 1, command=[sys.executable, "-c", child])
+    spawn = asyncio.create_subprocess_exec
+
+    async def signalled_while_spawning(*args: Any, **kwargs: Any) -> Any:
+        supervisor._on_signal(signal.SIGTERM)  # the signal comes in while this child is being started
+        return await spawn(*args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", signalled_while_spawning)
+    started = time.monotonic()
+    async with asyncio.timeout(settings.shutdown_grace_s):  # before the fix: killed at grace + 15 s, exit 1
+        code = await supervisor.run()
+    assert code == 0
+    assert time.monotonic() - started < 10

@@ -163,6 +163,8 @@ class Supervisor:
         #: A signal that came after the first (the children were told to exit at once): the group exits 128 + it.
         self._second_signal: int | None = None
         self._first_signal_at = 0.0
+        #: The signal the children were told to stop with (a child started after it is told too).
+        self._stop_signal = signal.SIGTERM
 
     # ------------------------------------------------------------------------------------- health
 
@@ -254,6 +256,7 @@ class Supervisor:
             log.info("%s received: stopping %d worker processes", signal.Signals(signum).name, len(self.children))
             self.stop.set()
             self._first_signal_at = loop.time()
+            self._stop_signal = signal.Signals(signum)
             self._signal_all(signum)
             return
         self._second_signal = signum
@@ -280,6 +283,9 @@ class Supervisor:
             child.process = await asyncio.create_subprocess_exec(
                 *self.command, env=self._child_env(child), preexec_fn=die_with_parent
             )
+            if self.stop.is_set():  # stopped while it was being started: the signal passed it by
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.send_signal(self._stop_signal)
             child.started_at = time.monotonic()
             if self.metrics is not None:
                 self.metrics.started(child.process.pid, child.index)
