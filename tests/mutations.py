@@ -682,6 +682,14 @@ BREAKAGES: tuple[Breakage, ...] = (
         "            if False:  # MUTANT\n",
         ("tests/test_processes.py::test_a_signal_while_a_child_is_being_started_reaches_it",),
     ),
+    Breakage(
+        "s4",
+        "a restarted child keeps the loopback port of its last start (taken meanwhile: the group stops with 2)",
+        "worker/runtime/supervisor.py",
+        "                await asyncio.wait_for(self.stop.wait(), delay_s)\n            self._pick_ports(child)\n",
+        "                await asyncio.wait_for(self.stop.wait(), delay_s)  # MUTANT\n",
+        ("tests/test_processes.py::test_a_restarted_child_gets_ports_of_its_own_when_its_old_one_is_taken",),
+    ),
 )
 
 

@@ -255,3 +255,62 @@ async def test_a_signal_while_a_child_is_being_started_reaches_it(
         code = await supervisor.run()
     assert code == 0
     assert time.monotonic() - started < 10
+
+
+async def test_a_restarted_child_gets_ports_of_its_own_when_its_old_one_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child's loopback health port was picked once and kept: taken by another process while the child was
+    down, its restart could not listen (exit 2, as any taken port) and the supervisor stopped the whole group with
+    2 as a configuration error."""
+    import asyncio
+    import socket
+
+    from worker.runtime.supervisor import Supervisor
+    from worker.settings import WorkerSettings
+
+    settings = WorkerSettings(
+        queue="q", shutdown_grace_s=5, health_file=str(tmp_path / "health"), health_port=free_port()
+    )
+    crashed, up = tmp_path / "crashed", tmp_path / "up"
+    child = (  # listens on its port as a worker does (exit 2 when taken); crashes at its first start
+        "import os, pathlib, signal, socket, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "listener = socket.socket()\n"
+        "try:\n"
+        "    listener.bind(('127.0.0.1', int(os.environ['WORKER_HEALTH_PORT'])))\n"
+        "except OSError:\n"
+        "    sys.exit(2)\n"
+        f"crashed, up = pathlib.Path({str(crashed)!r}), pathlib.Path({str(up)!r})\n"
+        "if not crashed.exists():\n"
+        "    crashed.write_text('once')\n"
+        "    sys.exit(1)\n"
+        "up.write_text('up')\n"
+        "time.sleep(120)\n"
+    )
+    supervisor = Supervisor(settings, 1, command=[sys.executable, "-c", child])
+    spawn = asyncio.create_subprocess_exec
+    ports: list[int] = []
+    holder = socket.socket()
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        port = int(kwargs["env"]["WORKER_HEALTH_PORT"])
+        if ports:  # the restart: another process has taken the port of the first start meanwhile
+            holder.bind(("127.0.0.1", ports[0]))
+            holder.listen()
+        ports.append(port)
+        return await spawn(*args, **kwargs)
+
+    async def stop_once_up() -> None:  # the restarted child's effect: another process, no event to await
+        await asyncio.to_thread(wait_until, lambda: up.exists() or supervisor.stop.is_set(), 20, "the restart")
+        supervisor._on_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", recording)
+    try:
+        async with asyncio.timeout(30):
+            code, _ = await asyncio.gather(supervisor.run(), stop_once_up())
+    finally:
+        holder.close()
+    assert code == 0
+    assert len(ports) == 2
+    assert ports[1] != ports[0]

@@ -147,16 +147,10 @@ class Supervisor:
         self.settings = settings
         self.command = command or [sys.executable, "-m", "worker.commands", "run"]
         self.children = [
-            Child(
-                index=n,
-                health_file=f"{settings.health_file}.{n}",
-                health_port=free_loopback_port() if settings.health_port is not None else None,
-            )
-            for n in range(count)
+            Child(index=n, health_file=f"{settings.health_file}.{n}", health_port=None) for n in range(count)
         ]
-        if settings.prometheus_port is not None:
-            for child in self.children:
-                child.prometheus_port = child.health_port or free_loopback_port()
+        for child in self.children:
+            self._pick_ports(child)
         self.metrics: GroupMetrics | None = None  # made by run (a folder)
         self.stop = asyncio.Event()
         self.exit_code = 0
@@ -322,6 +316,7 @@ class Supervisor:
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), delay_s)
+            self._pick_ports(child)
 
     def _exited(self, child: Child) -> None:
         if self.metrics is not None and child.process is not None:
@@ -343,6 +338,13 @@ class Supervisor:
         by_signal = (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT)
         if waiting.result() != 0 and waiting.result() not in by_signal and self.exit_code == 0:
             self.exit_code = 1
+
+    def _pick_ports(self, child: Child) -> None:
+        """Free loopback ports for the child's health and metrics, picked anew for each start: a port kept from
+        the child's last start could be taken by then, and the restart would stop the group with exit 2."""
+        child.health_port = free_loopback_port() if self.settings.health_port is not None else None
+        if self.settings.prometheus_port is not None:
+            child.prometheus_port = child.health_port or free_loopback_port()
 
     def _child_env(self, child: Child) -> dict[str, str]:
         env = child_environment(
