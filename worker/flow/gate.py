@@ -133,12 +133,12 @@ def _remember(cache: dict[str, Any], key: str, value: Any) -> Any:
 
 @dataclass(frozen=True)
 class _Known:
-    """A key's breaker as this worker last learned it: when, what, and the number of the store call that said so."""
+    """A key's breaker as this worker last learned it: when, what, and the call number current then (after every
+    store call sent before it)."""
 
     at_s: float
     record: policy.Record | None
-    asked: int
-    learned: int = 0  # the call number current when it was learned (after every call sent before it)
+    learned: int
 
 
 def _first_version() -> int:
@@ -294,7 +294,7 @@ class Gate:
         kept = known.record if known is not None and known.learned > asked else None
         if kept is not None and (record is None or record.version <= kept.version):
             return kept
-        _remember(self._breakers, key, _Known(time.monotonic(), record, asked, next(self._asked)))
+        _remember(self._breakers, key, _Known(time.monotonic(), record, next(self._asked)))
         return record
 
     async def _change(
@@ -310,7 +310,7 @@ class Gate:
     ) -> policy.Record | None:
         known = self._breakers.get(key)
         if known is not None:
-            current, asked = known.record, known.asked
+            current, asked = known.record, known.learned
         else:
             asked = next(self._asked)
             current = await self.store.breaker(key)

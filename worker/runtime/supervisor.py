@@ -265,9 +265,13 @@ class Supervisor:
 
     def _signal_all(self, signum: int) -> None:
         for child in self.children:
-            if child.process is not None and child.process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.process.send_signal(signum)
+            self._signal(child, signum)
+
+    @staticmethod
+    def _signal(child: Child, signum: int) -> None:
+        if child.process is not None and child.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.process.send_signal(signum)
 
     async def _keep_running(self, child: Child) -> None:
         """Start ``child``, start it again whenever it dies while the group runs; on stop, wait for its exit."""
@@ -278,8 +282,7 @@ class Supervisor:
                 *self.command, env=self._child_env(child), preexec_fn=die_with_parent
             )
             if self.stop.is_set():  # stopped while it was being started: the signal passed it by
-                with contextlib.suppress(ProcessLookupError):
-                    child.process.send_signal(self._stop_signal)
+                self._signal(child, self._stop_signal)
             child.started_at = time.monotonic()
             if self.metrics is not None:
                 self.metrics.started(child.process.pid, child.index)
