@@ -690,6 +690,30 @@ BREAKAGES: tuple[Breakage, ...] = (
         "                await asyncio.wait_for(self.stop.wait(), delay_s)  # MUTANT\n",
         ("tests/test_processes.py::test_a_restarted_child_gets_ports_of_its_own_when_its_old_one_is_taken",),
     ),
+    Breakage(
+        "s5",
+        "a supervised process ignores repeats of its stop signal even once the supervisor is gone",
+        "worker/runtime/service.py",
+        "            if parent_pid is not None and os.getppid() == parent_pid:\n",
+        "            if parent_pid is not None:  # MUTANT\n",
+        ("tests/test_processes.py::test_once_the_supervisor_is_gone_a_second_sigterm_ends_a_process_at_once",),
+    ),
+    Breakage(
+        "s6",
+        "the supervisor passes a second signal on as the signal itself (taken as the first arriving again)",
+        "worker/runtime/supervisor.py",
+        "        self._signal_all(EXIT_NOW_SIGNAL)\n",
+        "        self._signal_all(signum)  # MUTANT\n",
+        ("tests/test_processes.py::test_a_second_sigterm_ends_the_group_at_once_with_143",),
+    ),
+    Breakage(
+        "s7",
+        "a supervised process takes a late repeat of the group's signal as a second signal",
+        "worker/runtime/service.py",
+        "            if parent_pid is not None and os.getppid() == parent_pid:\n",
+        "            if parent_pid is not None and os.getppid() == parent_pid and False:  # MUTANT\n",
+        ("tests/test_processes.py::test_a_starved_supervisors_late_copy_of_the_group_signal_is_not_a_second_signal",),
+    ),
 )
 
 

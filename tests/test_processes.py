@@ -6,11 +6,13 @@ SIGKILLed child is started again; /healthz and /readyz answer for the whole grou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -73,6 +75,14 @@ def children(pid: int) -> set[int]:
     except OSError:
         return set()
     return {int(child) for child in text.split()}
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (an orphan that exited stays a zombie until init reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def get(port: int, path: str) -> tuple[int, dict[str, Any]]:
@@ -143,6 +153,73 @@ def test_a_signal_to_the_whole_process_group_still_lets_running_jobs_finish(
     assert "exiting at once" not in log.read_text()
     assert effects(tmp_path, "end") == effects(tmp_path, "start")  # both finished within the grace
     assert_queue_empty(sqs_client(backend.endpoint_url), url)
+
+
+def start_own_group(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``sqs-worker run`` in a process group of its own, as a terminal's foreground job."""
+    with log.open("wb") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "worker.commands", "run"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+
+
+def test_a_starved_supervisors_late_copy_of_the_group_signal_is_not_a_second_signal(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """The group's signal reaches the processes at once and the supervisor's copy as late as the supervisor gets
+    the CPU (here: held stopped for a second): the processes took their stop signal already, and the copy must not
+    cut their jobs short."""
+    env, url = group(backend, tmp_path, WORKER_CONCURRENCY="1", WORKER_SHUTDOWN_GRACE_S="30")
+    log = tmp_path / "worker.log"
+    worker = start_own_group(env, log)
+    try:
+        wait_until(lambda: len(children(worker.pid)) == 2, 60, "two worker processes")
+        send(backend, url, range(2), seconds=6)
+        wait_until(lambda: len(effects(tmp_path, "start")) == 2, 60, "both jobs to start")
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            os.killpg(worker.pid, signal.SIGTERM)  # the supervisor's copy waits until it runs again
+            wait_until(lambda: log.read_text().count("SIGTERM received: shutting down") == 2, 10, "both to stop")
+            time.sleep(1.0)  # the scenario: the supervisor's copy comes a second after the processes took theirs
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+        assert worker.wait(timeout=60) == 0, log.read_text()
+    finally:
+        stop(worker, log)
+    assert "exiting at once" not in log.read_text()
+    assert effects(tmp_path, "end") == effects(tmp_path, "start")  # both finished within the grace
+    assert_queue_empty(sqs_client(backend.endpoint_url), url)
+
+
+def test_once_the_supervisor_is_gone_a_second_sigterm_ends_a_process_at_once(backend: Backend, tmp_path: Path) -> None:
+    """A SIGKILLed supervisor's processes get SIGTERM from the kernel and finish their jobs; with no supervisor to
+    pass signals on, a repeat is a second signal again, as for one process."""
+    env, url = group(backend, tmp_path, WORKER_CONCURRENCY="1", WORKER_SHUTDOWN_GRACE_S="60")
+    log = tmp_path / "worker.log"
+    worker = start("run", env=env, stderr_path=log)
+    pids: set[int] = set()
+    try:
+        wait_until(lambda: len(children(worker.pid)) == 2, 60, "two worker processes")
+        pids = children(worker.pid)
+        send(backend, url, range(2), seconds=30)
+        wait_until(lambda: len(effects(tmp_path, "start")) == 2, 60, "both jobs to start")
+        worker.kill()
+        worker.wait(timeout=10)
+        wait_until(lambda: log.read_text().count("SIGTERM received: shutting down") == 2, 10, "both to stop")
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        wait_until(lambda: not [pid for pid in pids if running(pid)], 10, "both to exit at once")
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert log.read_text().count("second SIGTERM: exiting at once") == 2, log.read_text()
+    assert effects(tmp_path, "end") == {}  # cut short, not waited for
 
 
 def test_a_second_sigterm_ends_the_group_at_once_with_143(backend: Backend, tmp_path: Path) -> None:

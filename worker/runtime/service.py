@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from worker.errors import ConfigError, QueueUnavailable
 from worker.jobs import Registry
@@ -38,32 +38,37 @@ T = TypeVar("T")
 Companion = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
 
-#: In a supervised process, a repeat of the signal within this long is the same signal arriving twice.
-SIGNAL_ECHO_S = 0.5
+#: The supervisor's "exit at once" to the processes it started (it got a second signal). They take their stop signal
+#: once: a signal to the whole process group reaches them directly and again from the supervisor, as late as its
+#: share of the CPU lets it, so a repeat of SIGTERM or SIGINT says nothing new.
+EXIT_NOW_SIGNAL = signal.SIGUSR1
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:
     """First SIGTERM or SIGINT: stop receiving and shut down cleanly. A second one: exit at once.
 
-    In a process the supervisor started, the same signal twice within SIGNAL_ECHO_S is one: a signal to the
-    whole process group (Ctrl-C in a terminal, systemd's stop, ``timeout``) reaches it directly and again as
-    the supervisor passes it on."""
+    In a process the supervisor started, repeats of SIGTERM and SIGINT are the first arriving again (a signal to
+    the whole process group reaches it directly and from the supervisor); it exits at once on EXIT_NOW_SIGNAL,
+    which the supervisor sends on its own second signal, or on a repeat once the supervisor is gone."""
     loop = asyncio.get_running_loop()
-    echo_s = SIGNAL_ECHO_S if supervised() else 0.0
-    first_at: list[float] = []
+    parent_pid = os.getppid() if supervised() else None
+
+    def exit_now(signum: int, why: str) -> NoReturn:
+        log.warning("%s: exiting at once", why)
+        logging.shutdown()
+        os._exit(128 + signum)
 
     def on_signal(signum: int) -> None:
         if stop.is_set():
-            if first_at and loop.time() - first_at[0] < echo_s:
-                log.debug("%s again at once: the supervisor passed on the group's signal", signal.Signals(signum).name)
+            if parent_pid is not None and os.getppid() == parent_pid:
+                log.debug("%s again: the group's signal, passed on by the supervisor", signal.Signals(signum).name)
                 return
-            log.warning("second %s: exiting at once", signal.Signals(signum).name)
-            logging.shutdown()
-            os._exit(128 + signum)
-        first_at.append(loop.time())
+            exit_now(signum, f"second {signal.Signals(signum).name}")
         log.info("%s received: shutting down", signal.Signals(signum).name)
         stop.set()
 
+    if parent_pid is not None:
+        loop.add_signal_handler(EXIT_NOW_SIGNAL, exit_now, EXIT_NOW_SIGNAL, "the supervisor's second signal")
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
 

@@ -41,7 +41,7 @@ from worker.observability.health import (
     serve_until,
     write_liveness_file,
 )
-from worker.runtime.service import SIGNAL_ECHO_S, listen_all
+from worker.runtime.service import EXIT_NOW_SIGNAL, listen_all
 from worker.settings import PROCESS_INDEX_ENV, WorkerSettings, child_environment
 
 log = logging.getLogger("worker.supervisor")
@@ -156,7 +156,6 @@ class Supervisor:
         self.exit_code = 0
         #: A signal that came after the first (the children were told to exit at once): the group exits 128 + it.
         self._second_signal: int | None = None
-        self._first_signal_at = 0.0
         #: The signal the children were told to stop with (a child started after it is told too).
         self._stop_signal = signal.SIGTERM
 
@@ -245,23 +244,16 @@ class Supervisor:
         return self.exit_code
 
     def _on_signal(self, signum: int) -> None:
-        loop = asyncio.get_running_loop()
         if not self.stop.is_set():
             log.info("%s received: stopping %d worker processes", signal.Signals(signum).name, len(self.children))
             self.stop.set()
-            self._first_signal_at = loop.time()
             self._stop_signal = signal.Signals(signum)
             self._signal_all(signum)
             return
         self._second_signal = signum
-        log.warning("second %s: passing it on (children exit at once)", signal.Signals(signum).name)
-        # A child takes a repeat within SIGNAL_ECHO_S of the first for the same signal (a process group's signal
-        # reaches it twice): pass this one on once that window has passed.
-        echo_left_s = self._first_signal_at + SIGNAL_ECHO_S - loop.time()
-        if echo_left_s > 0:
-            loop.call_later(echo_left_s + 0.05, self._signal_all, signum)
-        else:
-            self._signal_all(signum)
+        log.warning("second %s: telling the worker processes to exit at once", signal.Signals(signum).name)
+        # Not the signal itself: a process takes repeats of its stop signal as the group's signal arriving twice.
+        self._signal_all(EXIT_NOW_SIGNAL)
 
     def _signal_all(self, signum: int) -> None:
         for child in self.children:
@@ -282,7 +274,7 @@ class Supervisor:
                 *self.command, env=self._child_env(child), preexec_fn=die_with_parent
             )
             if self.stop.is_set():  # stopped while it was being started: the signal passed it by
-                self._signal(child, self._stop_signal)
+                self._signal(child, self._stop_signal if self._second_signal is None else EXIT_NOW_SIGNAL)
             child.started_at = time.monotonic()
             if self.metrics is not None:
                 self.metrics.started(child.process.pid, child.index)
@@ -338,7 +330,9 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 child.process.kill()
             await waiting
-        by_signal = (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT)
+        by_signal = {-s for s in (signal.SIGTERM, signal.SIGINT, EXIT_NOW_SIGNAL)} | {
+            128 + s for s in (signal.SIGTERM, signal.SIGINT, EXIT_NOW_SIGNAL)
+        }
         if waiting.result() != 0 and waiting.result() not in by_signal and self.exit_code == 0:
             self.exit_code = 1
 
