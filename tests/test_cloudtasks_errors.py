@@ -12,10 +12,11 @@ import pytest
 from tests.support.backends import Backend
 from tests.support.cloudtasks import serving
 from tests.support.idempotency import dynamodb_client
-from worker.backends.cloudtasks.contract import deadline_warnings
+from worker.backends.cloudtasks.contract import deadline_warnings, flow_warnings
 from worker.backends.cloudtasks.deadletters import DeadLetterStore, make_record
 from worker.backends.cloudtasks.settings import CloudTasksSettings
 from worker.errors import ConfigError
+from worker.flow import Breaker
 from worker.jobs import Registry
 
 MISSING = (
@@ -70,6 +71,37 @@ def test_the_defaults_and_the_readme_handlers_draw_no_deadline_warning() -> None
     jobs.job("endless", timeout_s=2000)(lambda payload: None)
     [over] = deadline_warnings(jobs.specs(), 1800)
     assert "endless (timeout_s 2000) have timeout_s above Cloud Tasks' 1800 s" in over
+
+
+def flow_registry() -> Registry:
+    jobs = Registry()
+    jobs.job("plain")(lambda payload: None)
+    jobs.job("limited", rate_limit="10/s")(lambda payload: None)
+    jobs.job("guarded", breaker=Breaker(failures=3, window_s=60, cooldown_s=30))(lambda payload: None)
+    jobs.job("both", rate_limit="1/m", breaker=Breaker())(lambda payload: None)
+    return jobs
+
+
+def test_jobs_with_a_rate_limit_or_breaker_draw_one_warning_naming_them() -> None:
+    assert flow_warnings(readme_registry().specs()) == []
+    [warning] = flow_warnings(flow_registry().specs())
+    assert warning.startswith(
+        "job(s) both (rate_limit and breaker), guarded (breaker), limited (rate_limit): serve-tasks does not apply"
+    ), warning
+    assert "plain" not in warning and "--max-dispatches-per-second" in warning
+
+
+async def test_serve_tasks_warns_at_start_about_the_limits_it_does_not_apply(
+    env: Backend, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.support.cloudtasks import make_dead_letter_table
+
+    table = await make_dead_letter_table(env.endpoint_url)
+    with caplog.at_level(logging.WARNING, logger="worker"):
+        async with serving(flow_registry(), queue="q", dead_letter_table=table, tmp_path=tmp_path):
+            pass
+    warned = [r.getMessage() for r in caplog.records if "does not apply rate_limit" in r.getMessage()]
+    assert warned == flow_warnings(flow_registry().specs())
 
 
 async def test_serve_tasks_warns_at_start_when_a_timeout_reaches_the_deadline(

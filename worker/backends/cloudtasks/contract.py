@@ -161,5 +161,23 @@ def deadline_warnings(specs: Iterable[JobSpec], dispatch_deadline_s: int) -> lis
     return warnings
 
 
+def flow_warnings(specs: Iterable[JobSpec]) -> list[str]:
+    """What ``serve-tasks`` warns about at start: jobs with a ``rate_limit`` or a ``breaker``, which it does not
+    apply (each delivery runs as it comes); the queue's own limits do that job on Cloud Tasks."""
+    gated = [spec for spec in specs if spec.rate is not None or spec.breaker is not None]
+    if not gated:
+        return []
+
+    def which(spec: JobSpec) -> str:
+        return " and ".join(word for word, on in (("rate_limit", spec.rate), ("breaker", spec.breaker)) if on)
+
+    named = ", ".join(f"{spec.name} ({which(spec)})" for spec in gated)
+    return [
+        f"job(s) {named}: serve-tasks does not apply rate_limit or breaker (each delivery runs as it comes); "
+        "limit the queue itself: gcloud tasks queues update QUEUE --max-dispatches-per-second=N "
+        "--max-concurrent-dispatches=N"
+    ]
+
+
 def _timeouts(specs: Iterable[JobSpec]) -> str:
     return ", ".join(f"{spec.name} (timeout_s {spec.timeout_s:g})" for spec in specs)

@@ -277,9 +277,9 @@ async def serve_tasks(
 
 
 def _warn_deadline(registry: Registry, dispatch_deadline_s: int) -> None:
-    from worker.backends.cloudtasks.contract import deadline_warnings
+    from worker.backends.cloudtasks.contract import deadline_warnings, flow_warnings
 
-    for warning in deadline_warnings(registry.specs(), dispatch_deadline_s):
+    for warning in [*deadline_warnings(registry.specs(), dispatch_deadline_s), *flow_warnings(registry.specs())]:
         log.warning("%s", warning)
 
 
