@@ -32,6 +32,7 @@ from worker.runtime.supervisor import (
     group_status,
     resolve_processes,
     restart_delay_s,
+    silent_reason,
     usable_cpus,
 )
 
@@ -295,6 +296,14 @@ def test_usable_cpus_and_auto() -> None:
 def test_restart_backoff_doubles_to_a_cap() -> None:
     assert [restart_delay_s(failures=n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
     assert restart_delay_s(failures=30) == 30.0
+
+
+def test_a_silent_child_is_starting_until_it_first_answers_then_maybe_blocked() -> None:
+    assert silent_reason(0.0, 0.0, 3.2) == "its health endpoint does not answer yet (started 3 s ago)"
+    assert silent_reason(100.0, 90.0, 104.0) == "its health endpoint does not answer yet (started 4 s ago)"  # restarted
+    assert silent_reason(100.0, 110.0, 122.0) == (
+        "its health endpoint has not answered for 12 s (is its event loop blocked?)"
+    )
 
 
 def test_group_status_is_ok_only_when_every_member_is() -> None:

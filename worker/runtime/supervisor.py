@@ -123,6 +123,13 @@ def group_status(members: list[tuple[int, HealthStatus]], what: str) -> HealthSt
     return HealthStatus(True, f"all {len(members)} processes {what}", details)
 
 
+def silent_reason(started_at: float, answered_at: float, now: float) -> str:
+    """Why a child is not ready when its health endpoint does not answer (pure; monotonic seconds)."""
+    if answered_at <= started_at:
+        return f"its health endpoint does not answer yet (started {now - started_at:.0f} s ago)"
+    return f"its health endpoint has not answered for {now - answered_at:.0f} s (is its event loop blocked?)"
+
+
 # ------------------------------------------------------------------------------------------------- the group
 
 
@@ -135,6 +142,8 @@ class Child:
     prometheus_port: int | None = None
     process: asyncio.subprocess.Process | None = None
     started_at: float = 0.0
+    #: When its health endpoint last answered (monotonic), 0 before the first answer since its start.
+    answered_at: float = 0.0
     failures: int = 0
     restarts: int = 0
     ready: HealthStatus = field(default_factory=lambda: HealthStatus(False, "not started", {}))
@@ -206,8 +215,9 @@ class Supervisor:
             status, body = await asyncio.wait_for(http_get("127.0.0.1", child.health_port, "/readyz"), 2.0)
             reason = json.loads(body).get("reason", "") if body else ""
             child.ready = HealthStatus(status == 200, str(reason) or f"HTTP {status}", {})
+            child.answered_at = time.monotonic()
         except (OSError, TimeoutError, ValueError):
-            child.ready = HealthStatus(False, "its health endpoint does not answer (starting?)", {})
+            child.ready = HealthStatus(False, silent_reason(child.started_at, child.answered_at, time.monotonic()), {})
 
     # ------------------------------------------------------------------------------------- running
 
