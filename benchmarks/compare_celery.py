@@ -267,6 +267,7 @@ def worker_command(run: Run, proxy_url: str, args: argparse.Namespace) -> tuple[
     if processes != "1":
         env["WORKER_PROCESSES"] = processes
     if args.profile_dir:  # cProfile of the whole process, written at its clean exit (SIGTERM)
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
         out = args.profile_dir / f"sqs-worker-c{args.concurrency}-{uuid.uuid4().hex[:6]}.prof"
         return [sys.executable, str(ROOT / "benchmarks" / "cpu_profile.py"), str(out), "run"], env
     return [str(SQS_WORKER_BIN), "run"], env
