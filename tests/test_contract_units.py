@@ -12,7 +12,7 @@ from pydantic import BaseModel
 import worker
 from worker import ConfigError, InvalidMessage, JobContext, Registry
 from worker.deadletter import dead_letter_attributes
-from worker.envelope import dump_envelope, envelope_schema, parse_envelope
+from worker.envelope import dump_envelope, envelope_schema, nests_deeper_than, parse_envelope
 from worker.runtime.execution import prepare
 from worker.settings import WorkerSettings, load_settings
 
@@ -231,3 +231,13 @@ def test_a_fifo_queue_with_flow_controlled_jobs_gets_a_generous_receive_count() 
     async def limited(payload: dict[str, Any]) -> None: ...
 
     assert (registry.max_receive_count(), registry.max_receive_count(fifo=True)) == (7, 100)
+
+
+def test_nesting_depth_counts_objects_and_arrays_not_scalars() -> None:
+    value: object = "leaf"
+    for _ in range(3):
+        value = {"a": [1, value]}  # 6 levels: object, array, object, array, object, array
+    assert not nests_deeper_than(value, 6)
+    assert nests_deeper_than(value, 5)
+    assert not nests_deeper_than("text", 0) and nests_deeper_than([], 0)
+    assert not nests_deeper_than({"a": 1, "b": [2, 3]}, 2)

@@ -28,6 +28,10 @@ ZWSP = "\u200b"
 WIDTH = 1280
 
 
+#: Nesting of a body that Python's JSON parser refuses (RecursionError).
+DEEPEST_LEVELS = 5_000
+
+
 @pytest.fixture
 def dashboard(moto_backend: Backend, tmp_path: Path) -> Iterator[str]:
     queues = make_queues(moto_backend.endpoint_url)
@@ -47,6 +51,17 @@ def dashboard(moto_backend: Backend, tmp_path: Path) -> Iterator[str]:
         json.dumps({"type": "deep", "payload": deep}),
         category="permanent",
         error="PermanentError: card declined",
+    )
+    dead_letter(  # deeper than Python's parser goes: the worker dead-letters it as invalid_message
+        moto_backend.endpoint_url,
+        queues.dlq_url,
+        '{"type": "deepest", "payload": {"password": "s3cret-value-xyz", "d": '
+        + "[" * DEEPEST_LEVELS
+        + '"MARKER-DEEPEST"'
+        + "]" * DEEPEST_LEVELS
+        + "}}",
+        category="invalid_message",
+        error="body nests deeper than 100 levels",
     )
     env = worker_env(
         moto_backend.endpoint_url,
@@ -121,3 +136,10 @@ def test_a_deep_body_is_shown_whole_and_a_narrow_window_scrolls_tables_not_error
         page.wait_for_selector("#body")
         assert "MARKER-AT-DEPTH-14" in page.inner_text("#body")
         shot(page, "dead-letter-deep", tmp_path)
+        page.go_back()
+        page.locator("#letters tbody tr", has_text="nests deeper").locator("a").first.click()
+        page.wait_for_selector("#body")  # it answered 500 (RecursionError) before
+        body = page.inner_text("#body")
+        assert "MARKER-DEEPEST" in body and "[" * DEEPEST_LEVELS + '"MARKER' in body, body[:200]
+        assert "s3cret-value-xyz" not in body  # redacted as log text is
+        shot(page, "dead-letter-deepest", tmp_path)

@@ -156,6 +156,18 @@ def _hostile_structure(data: dict[str, Any], body: str) -> str | None:
     return None
 
 
+def nests_deeper_than(value: object, levels: int) -> bool:
+    """Whether parsed JSON ``value`` has objects or arrays nested more than ``levels`` deep (without recursion)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > levels:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
 def describe_errors(exc: ValidationError) -> str:
     """Field locations and messages of a ValidationError, without the input values."""
     parts = []

@@ -35,6 +35,7 @@ from worker.dashboard.display import shown, shown_block
 from worker.dashboard.history import History, columns
 from worker.dashboard.security import CSRF_FIELD, TOKEN_COOKIE, Gate
 from worker.dashboard.sources import READ_LIMIT, Sources, counts_of, describe_result
+from worker.envelope import nests_deeper_than
 from worker.errors import WorkerError
 from worker.observability.logs import Redactor
 from worker.ops.dlq_records import group_dead_letters, printable, printable_json
@@ -42,9 +43,8 @@ from worker.ops.stats import format_age
 
 log = logging.getLogger("worker.dashboard")
 HERE = Path(__file__).parent
-#: A letter's body is shown this deep (deeper than any envelope the worker takes); below, BODY_CUT says so.
+#: A letter's body nesting deeper than this (more than any envelope the worker takes) is shown as the text it is.
 BODY_MAX_DEPTH = 128
-BODY_CUT = "… deeper levels not shown: sqs-worker dlq show ID prints the whole body"
 #: Rows of the messages table (the groups above count every letter read).
 SHOWN_ROWS = 200
 ACTIONS = {
@@ -119,11 +119,16 @@ class Dashboard:
         }
 
     def redact_body(self, body: str) -> str:
+        """The whole body as the page shows it: indented JSON with secret fields redacted; the text as it came,
+        redacted as log text is, when it is not JSON or not JSON the page walks (an integer of too many digits,
+        nesting deeper than BODY_MAX_DEPTH or than Python's parser goes)."""
         try:
             value = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             return printable(self.redactor.redact_text(body))
-        return printable_json(self.redactor.redact(value, max_depth=BODY_MAX_DEPTH, cut=BODY_CUT))
+        if nests_deeper_than(value, BODY_MAX_DEPTH):
+            return printable(self.redactor.redact_text(body))
+        return printable_json(self.redactor.redact(value, max_depth=BODY_MAX_DEPTH))
 
 
 #: Every answer's: no framing (clickjacking), no scripts or styles from elsewhere, no address in a Referer.
