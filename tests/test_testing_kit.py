@@ -95,6 +95,15 @@ def test_exhausted_and_invalid_payloads_reach_the_dlq_with_their_category() -> N
     assert exhausted.receive_count == 3 == int(exhausted.attributes["receive_count"])
 
 
+def test_hostile_bodies_are_dead_letters_whose_job_type_and_payload_are_none() -> None:
+    kit = InMemoryWorker(Registry())
+    for body in ("[" * 100_000, '{"type": "x", "payload": {"n": ' + "9" * 5000 + "}}", "[1]"):
+        kit.send_raw(body)
+    result = kit.run_until_idle()
+    assert [str(dead.category) for dead in result.dead_letters] == ["invalid_message"] * 3
+    assert [(dead.job_type, dead.payload) for dead in result.dead_letters] == [(None, None)] * 3
+
+
 def test_idempotency_keys_run_a_job_once() -> None:
     registry = Registry()
     charged: list[str] = []

@@ -92,7 +92,7 @@ class DeadLetter:
     def _envelope(self) -> dict[str, Any] | None:
         try:
             value = json.loads(self.body)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, an integer of too many digits, or nested past the parser
             return None
         return value if isinstance(value, dict) else None
 
