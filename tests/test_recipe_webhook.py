@@ -7,6 +7,7 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -209,3 +210,28 @@ async def test_a_failing_host_opens_its_breaker_and_later_jobs_wait_unsent(
         # (without the breaker the retries, backoff 0, would go on until 5 attempts each)
         assert len(receiver.received) <= 3
     assert opened.extra["state"] == "open"
+
+
+async def test_the_start_warns_when_no_secret_is_set(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """WORKER_WEBHOOK_SECRET is required: a worker running the job without it says so at start (a warning, not an
+    error: a worker whose handlers import ``verify`` has the job too)."""
+    from worker.lifecycle import open_lifespans
+
+    monkeypatch.delenv("WORKER_WEBHOOK_SECRET", raising=False)
+    monkeypatch.chdir(tmp_path)  # no .env here
+    with caplog.at_level("WARNING", logger="worker"):
+        async with open_lifespans(registry().lifespans):
+            pass
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "worker"]
+    assert warning == (
+        "job 'webhook': WORKER_WEBHOOK_SECRET is not set: webhooks are never sent unsigned; each of its jobs is "
+        "dead-lettered (permanent) until it is set"
+    )
+    caplog.clear()
+    monkeypatch.setenv("WORKER_WEBHOOK_SECRET", SECRET)
+    with caplog.at_level("WARNING", logger="worker"):
+        async with open_lifespans(registry().lifespans):
+            pass
+    assert not [r for r in caplog.records if r.name == "worker"]

@@ -16,8 +16,10 @@ refused, sender refused, authentication failed) are permanent (dead-lettered).
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import string
+from collections.abc import AsyncIterator
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from worker.context import JobContext
 from worker.errors import PermanentError, RetryableError
 from worker.jobs import Registry, default_registry
+
+log = logging.getLogger("worker")
 
 JOB_TYPE = "email"
 _QUEUED_AS = re.compile(r"queued as\s+(\S+)", re.IGNORECASE)
@@ -138,8 +142,9 @@ async def send_email(payload: Email, ctx: JobContext) -> dict[str, Any]:
     import aiosmtplib
 
     settings = _configured or EmailSettings()
-    if not settings.sender or settings.templates is None:
-        raise PermanentError("set WORKER_EMAIL_SENDER and WORKER_EMAIL_TEMPLATES to send email")
+    problem = missing_setting(settings)
+    if problem is not None or not settings.sender or settings.templates is None:
+        raise PermanentError(problem or "no sender or templates")
     rendered = render(load_templates(settings.templates), payload.template, payload.variables)
     message = EmailMessage()
     try:
@@ -185,9 +190,26 @@ async def send_email(payload: Email, ctx: JobContext) -> dict[str, Any]:
 JOB_OPTIONS: dict[str, Any] = {"max_attempts": 8, "timeout_s": 60, "backoff_base_s": 10, "backoff_max_s": 900}
 
 
+def missing_setting(settings: EmailSettings) -> str | None:
+    """What keeps every email from being sent (each is then dead-lettered as permanent), or None."""
+    if not settings.sender or settings.templates is None:
+        return "set WORKER_EMAIL_SENDER and WORKER_EMAIL_TEMPLATES to send email"
+    return None
+
+
+async def warn_unconfigured() -> AsyncIterator[None]:
+    """At the start of a worker that runs the ``email`` job: a warning when a missing setting would dead-letter
+    every email (not an error: the job is registered wherever the module is imported)."""
+    problem = missing_setting(_configured or EmailSettings())
+    if problem is not None:
+        log.warning("job %r: %s; each of its jobs is dead-lettered (permanent) until they are set", JOB_TYPE, problem)
+    yield
+
+
 def register(registry: Registry, **options: Any) -> None:
     """Register the ``email`` job on ``registry`` (done on import for the default one)."""
     registry.job(JOB_TYPE, key=mail_key, **{**JOB_OPTIONS, **options})(send_email)
+    registry.lifespan(warn_unconfigured)
 
 
 register(default_registry)

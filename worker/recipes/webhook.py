@@ -20,8 +20,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -35,6 +36,8 @@ from worker.context import JobContext
 from worker.errors import PermanentError, RetryableError, WorkerError
 from worker.flow import Breaker
 from worker.jobs import Registry, default_registry
+
+log = logging.getLogger("worker")
 
 JOB_TYPE = "webhook"
 SIGNATURE_VERSION = "v1"
@@ -147,8 +150,9 @@ def request_body(payload: Webhook, delivery_id: str) -> bytes:
 async def deliver(payload: Webhook, ctx: JobContext) -> dict[str, Any]:
     """POST one signed delivery; the outcome follows ``judge``."""
     settings = _configured or WebhookSettings()
-    if settings.secret is None or not settings.secret.get_secret_value().split():
-        raise PermanentError("WORKER_WEBHOOK_SECRET is not set: webhooks are never sent unsigned")
+    problem = missing_setting(settings)
+    if problem is not None or settings.secret is None:
+        raise PermanentError(problem or "no secret")
     delivery_id = payload.id or ctx.idempotency_key or ctx.message_id
     body = request_body(payload, delivery_id)
     timestamp = int(time.time())
@@ -211,10 +215,27 @@ def flow_options(settings: WebhookSettings) -> dict[str, Any]:
     return options
 
 
+def missing_setting(settings: WebhookSettings) -> str | None:
+    """What keeps every delivery from being sent (each is then dead-lettered as permanent), or None."""
+    if settings.secret is None or not settings.secret.get_secret_value().split():
+        return "WORKER_WEBHOOK_SECRET is not set: webhooks are never sent unsigned"
+    return None
+
+
+async def warn_unconfigured() -> AsyncIterator[None]:
+    """At the start of a worker that runs the ``webhook`` job: a warning when a missing setting would dead-letter
+    every delivery (not an error: a worker whose handlers import ``verify`` has the job without sending any)."""
+    problem = missing_setting(_configured or WebhookSettings())
+    if problem is not None:
+        log.warning("job %r: %s; each of its jobs is dead-lettered (permanent) until it is set", JOB_TYPE, problem)
+    yield
+
+
 def register(registry: Registry, **options: Any) -> None:
     """Register the ``webhook`` job on ``registry`` (done on import for the default one)."""
     flow = flow_options(_configured or WebhookSettings())
     registry.job(JOB_TYPE, key=delivery_key, **{**JOB_OPTIONS, **flow, **options})(deliver)
+    registry.lifespan(warn_unconfigured)
 
 
 register(default_registry)
