@@ -16,7 +16,7 @@ from tests.support.harness import drain, sqs_client
 from tests.support.process import ROOT, bootstrapped_queue, cli, lines, wait_until
 from tests.support.queues import assert_queue_empty, queue_counts
 from worker.errors import ConfigError
-from worker.runtime.burst import burst_settings, idle_limit_s
+from worker.runtime.burst import Burst, burst_settings, idle_limit_s
 from worker.runtime.service import run_loop
 from worker.settings import WorkerSettings
 
@@ -168,3 +168,18 @@ def test_a_signal_ends_a_burst_after_the_running_job_with_exit_0(backend: Backen
     assert summary_lines(stdout) == ["burst stopped by a signal: 1 succeeded, 0 retried, 0 dead-lettered"]
     assert lines(effects) == ["nap started", "nap done"]
     assert_queue_empty(client, url)
+
+
+def test_the_summary_counts_duplicates_skipped_when_there_are_any() -> None:
+    from worker.jobs import Registry
+    from worker.observability.events import Event, Kind
+    from worker.settings import WorkerSettings
+
+    burst = Burst(WorkerSettings(queue="q"), Registry(), clock=lambda: 0.0)
+    burst.empty = True
+    burst.emit(Event(Kind.SUCCEEDED, "q", "m-1"))
+    assert burst.summary() == "burst done: 1 succeeded, 0 retried, 0 dead-lettered; queue empty"  # as before
+    burst.emit(Event(Kind.DUPLICATE_SKIPPED, "q", "m-2"))
+    assert burst.summary() == "burst done: 1 succeeded, 0 retried, 0 dead-lettered, 1 duplicate skipped; queue empty"
+    burst.emit(Event(Kind.DUPLICATE_SKIPPED, "q", "m-3"))
+    assert burst.summary().endswith(", 2 duplicates skipped; queue empty")

@@ -58,5 +58,6 @@ def test_bootstrap_raises_a_smaller_dlq_size_to_the_source_queues(backend: Backe
     client.set_queue_attributes(QueueUrl=queues.queue_url, Attributes={"MaximumMessageSize": str(MIB)})
     client.set_queue_attributes(QueueUrl=queues.dlq_url, Attributes={"MaximumMessageSize": "262144"})
     name = queues.queue_url.rsplit("/", 1)[1]
-    ensure_queues(client, name)
+    assert ensure_queues(client, name).dlq_size_raised_from == 262144  # bootstrap prints it
     assert max_size(client, queues.dlq_url) >= max_size(client, queues.queue_url)
+    assert ensure_queues(client, name).dlq_size_raised_from is None  # raised already

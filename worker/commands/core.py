@@ -151,6 +151,11 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         )
         print(f"queue:             {created.queue_url}")
         print(f"dead-letter queue: {created.dlq_url} (maxReceiveCount {created.max_receive_count})")
+        if created.dlq_size_raised_from is not None:
+            print(
+                f"                   MaximumMessageSize raised from {created.dlq_size_raised_from} to the queue's "
+                "(a body the queue takes must fit its dead letter)"
+            )
     if settings.idempotency_table:
         created_table = asyncio.run(ensure_table(region, settings.idempotency_table))
         print(f"idempotency table: {settings.idempotency_table} ({'created' if created_table else 'exists'})")

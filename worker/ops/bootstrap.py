@@ -25,6 +25,8 @@ class Created:
     queue_url: str
     dlq_url: str
     max_receive_count: int
+    #: The DLQ's MaximumMessageSize before this run raised it to the queue's (None: it was not raised).
+    dlq_size_raised_from: int | None = None
 
 
 def ensure_queues(
@@ -81,7 +83,8 @@ def ensure_queues(
         client.set_queue_attributes(QueueUrl=dlq_url, Attributes=dlq_changes)  # type: ignore[arg-type]
     except (BotoCoreError, ClientError, OSError) as exc:
         raise translate(exc, "CreateQueue", resource=queue_name, endpoint=client.meta.endpoint_url) from exc
-    return Created(queue_url=queue_url, dlq_url=dlq_url, max_receive_count=max_receive_count)
+    raised_from = sizes[1] if sizes[1] < sizes[0] else None
+    return Created(queue_url, dlq_url, max_receive_count, dlq_size_raised_from=raised_from)
 
 
 def _existing_redrive(client: SQSClient, queue_name: str) -> tuple[str | None, int | None]:

@@ -97,6 +97,8 @@ class Burst:
         self.succeeded = 0
         self.retried = 0
         self.dead_lettered = 0
+        #: Jobs whose idempotency key had completed already: acknowledged without running.
+        self.duplicates = 0
         self.received = 0
         self.in_flight = 0
         self.left: Left | None = None
@@ -120,6 +122,9 @@ class Burst:
             self._retry_due = max(self._retry_due, now + (event.delay_s or 0.0))
         elif event.kind is Kind.DEAD_LETTERED:
             self.dead_lettered += 1
+            self._last_activity = now
+        elif event.kind is Kind.DUPLICATE_SKIPPED:
+            self.duplicates += 1
             self._last_activity = now
         elif event.kind is Kind.RELEASED and event.reason not in NOT_AWAITED:
             # the worker held it back itself (a rate limit, a breaker, a lease held elsewhere): its job to run
@@ -208,6 +213,8 @@ class Burst:
 
     def summary(self) -> str:
         done = f"{self.succeeded} succeeded, {self.retried} retried, {self.dead_lettered} dead-lettered"
+        if self.duplicates:
+            done += f", {self.duplicates} duplicate{'s' if self.duplicates != 1 else ''} skipped"
         if self.empty:
             return f"burst done: {done}; queue empty"
         if self.left is not None:
