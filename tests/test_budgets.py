@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from worker.budgets import (
     BATCH,
+    HOLD_COPY,
     LEDGER,
     NO_RETRY,
     RECEIVE,
@@ -18,7 +19,7 @@ from worker.budgets import (
     start_budget,
 )
 
-BUDGETS = [RECEIVE, BATCH, SEND, LEDGER, NO_RETRY, start_budget(60.0), start_budget(0.5)]
+BUDGETS = [RECEIVE, BATCH, SEND, HOLD_COPY, LEDGER, NO_RETRY, start_budget(60.0), start_budget(0.5)]
 
 
 def schedule(budget: Budget, *, jitter: float, limit: int = 1000) -> list[float]:
@@ -136,7 +137,7 @@ def test_the_readme_states_these_budgets() -> None:
     assert f"`WORKER_START_TIMEOUT_S` ({start.give_up_after_s:g} s), {start.first_delay_s:g} s doubling to " in readme
     assert f"| ReceiveMessage | ever, {RECEIVE.first_delay_s:g} s doubling to {RECEIVE.max_delay_s:g} s |" in readme
     assert f"| SendMessage to the DLQ | ever, {SEND.first_delay_s:g} s doubling to {SEND.max_delay_s:g} s |" in readme
-    for budget in (BATCH, LEDGER):
+    for budget in (BATCH, LEDGER, HOLD_COPY):
         assert budget.give_up_after_s is not None
         numbers = f"{budget.give_up_after_s:g} s, {budget.first_delay_s:g} s doubling to {budget.max_delay_s:g} s"
         assert f"| {numbers} |" in readme, numbers

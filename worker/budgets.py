@@ -62,6 +62,13 @@ SEND = Budget(
     then="never gives up while the worker runs: the message is kept invisible meanwhile and its handler never "
     "runs again; a send SQS refuses for its content is tried with fewer attributes",
 )
+HOLD_COPY = Budget(
+    "SendMessage of a held job's delayed copy",
+    first_delay_s=0.2,
+    max_delay_s=1.0,
+    give_up_after_s=3.0,
+    then="the job is released in place (visibility): that receive counts toward the redrive policy's maxReceiveCount",
+)
 LEDGER = Budget(
     "DynamoDB (idempotency claims, completions, releases)",
     first_delay_s=0.1,

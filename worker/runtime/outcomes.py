@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from worker.backends.aws import content_refused
 from worker.backends.batching import EntryFailed
 from worker.backends.protocols import MessageQueue
-from worker.budgets import SEND, retry_delay_s
+from worker.budgets import HOLD_COPY, SEND, retry_delay_s
 from worker.deadletter import SQS_MAX_MESSAGE_BYTES, dead_letter_record, message_bytes
 from worker.errors import QueueUnavailable
 from worker.flow.attempts import MAX_MESSAGE_ATTRIBUTES, HoldMemory, held_copy_attributes, without_counts
@@ -194,18 +194,35 @@ class Outcomes:
             }
         if len(attributes) > MAX_MESSAGE_ATTRIBUTES:
             return False
-        try:
-            await held.queue_or(self.queue).send(
-                message.body, attributes=attributes, delay_s=min(delay_s, self.max_hop_s)
-            )
-        except Exception as exc:  # anything: the in-place release below still puts the job back
-            log.warning(
-                "could not send the held message's copy; releasing it in place: %s",
-                exc,
-                extra=held.log_fields(self.queue.name),
-            )
-            return False
-        return True
+        tries, first_try = 0, self.clock.monotonic()
+        while True:
+            try:
+                await held.queue_or(self.queue).send(
+                    message.body, attributes=attributes, delay_s=min(delay_s, self.max_hop_s)
+                )
+                return True
+            except QueueUnavailable as exc:  # a transport failure: tried again by HOLD_COPY
+                tries += 1
+                wait_s = retry_delay_s(
+                    budget=HOLD_COPY,
+                    failures=tries,
+                    elapsed_s=self.clock.monotonic() - first_try,
+                    jitter=random.random(),
+                )
+                if wait_s is None:
+                    failure: Exception = exc
+                    break
+                await asyncio.sleep(wait_s)
+            except Exception as exc:  # anything else: the in-place release still puts the job back
+                failure = exc
+                break
+        log.warning(
+            "could not send the held message's copy; releasing it in place (this receive counts toward "
+            "maxReceiveCount): %s",
+            failure,
+            extra=held.log_fields(self.queue.name),
+        )
+        return False
 
     def decided(self, message_id: str) -> Decided | None:
         """The dead-letter decision already taken for this message, if this worker took one."""
