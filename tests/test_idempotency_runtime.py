@@ -224,3 +224,53 @@ async def test_a_handler_whose_lease_is_taken_over_is_stopped(backend: Backend, 
     record = await ledger.get("rep-7")
     assert record is not None
     assert record.owner == "thief"
+
+
+async def test_a_job_whose_claim_answers_after_sigterm_is_put_back_not_started(
+    backend: Backend, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shutdown lets running jobs finish and puts back the ones not started: a job still waiting for its claim
+    when the signal came is one of those (its handler started after the signal before)."""
+    from tests.support.queues import message_count
+
+    queues = make_queues(backend.endpoint_url)
+    registry = Registry()
+    ran: list[int] = []
+
+    @registry.job("charge", idempotent=True)
+    async def charge(payload: dict[str, Any]) -> None:
+        ran.append(payload["n"])
+
+    claiming, may_answer = asyncio.Event(), asyncio.Event()
+    claim = ledger.claim
+    keys: list[str] = []
+
+    async def slow_claim(**kwargs: Any) -> Any:
+        keys.append(kwargs["key"])
+        claiming.set()
+        await may_answer.wait()
+        return await claim(**kwargs)
+
+    monkeypatch.setattr(ledger, "claim", slow_claim)
+    send(backend.endpoint_url, queues.queue_url, {"type": "charge", "payload": {"n": 1}})
+    async with running_worker(backend.endpoint_url, queues, registry, ledger=ledger) as running:
+        await asyncio.wait_for(claiming.wait(), timeout=30)
+        shutting_down = asyncio.Event()
+        shutdown = running.worker._shutdown
+
+        async def noted_shutdown(*args: Any) -> None:
+            shutting_down.set()
+            await shutdown(*args)  # its first step, before any wait, marks the worker as stopping
+
+        monkeypatch.setattr(running.worker, "_shutdown", noted_shutdown)
+        running.stop.set()
+        await asyncio.wait_for(shutting_down.wait(), timeout=10)
+        assert running.worker._stopping
+        may_answer.set()  # the claim answers after the signal
+        await asyncio.wait_for(asyncio.shield(running.task), timeout=30)
+    assert ran == []
+    assert [e.reason for e in running.recorder.of(Kind.RELEASED)] == ["shutdown"]
+    assert message_count(sqs_client(backend.endpoint_url), queues.queue_url) == 1  # back in the queue, once
+    record = await ledger.get(keys[0])
+    assert record is not None and record.status is Status.IN_PROGRESS and record.owner is None  # given back
+    assert record.lease_expires_at_ms == 0

@@ -37,7 +37,7 @@ from worker.runtime.execution import (
     result_for_ledger,
 )
 from worker.runtime.held import Held
-from worker.runtime.outcomes import CANCELLED_AT_SHUTDOWN, NOT_YET_DUE, Outcomes
+from worker.runtime.outcomes import CANCELLED_AT_SHUTDOWN, NOT_YET_DUE, SHUTDOWN, Outcomes
 from worker.runtime.steps import WorkflowSteps
 from worker.runtime.threads import JobThreads
 
@@ -74,6 +74,7 @@ class Processor:
         finish: Callable[[Held, Coroutine[Any, Any, None]], Awaitable[None]],
         forget: Callable[[Held], None],
         release_delay_s: Callable[[], int],
+        stopping: Callable[[], bool] = lambda: False,
         ledger: Ledger | None = None,
         workflows: WorkflowHooks | None = None,
     ) -> None:
@@ -93,6 +94,8 @@ class Processor:
         self._finish = finish
         self._forget = forget
         self._release_delay_s = release_delay_s
+        #: Whether the worker is shutting down: a job not started by then is put back, not started.
+        self._stopping = stopping
         self._warned_unguarded = False
         #: What the registry's lifespans yielded, while the worker runs (``ctx.resources``).
         self.resources = Resources()
@@ -137,6 +140,17 @@ class Processor:
         if self.ledger is None and job.envelope.idempotency_key is not None and not self._warned_unguarded:
             self._warned_unguarded = True
             log.warning("messages carry idempotency keys but WORKER_IDEMPOTENCY_TABLE is not set: they run unguarded")
+        verdict = await self._admit(held, job)
+        if verdict is not None:
+            return verdict
+        return await self._execute(held, job)
+
+    async def _admit(self, held: Held, job: PreparedJob) -> bool | None:
+        """Between a due job and its handler: the gate, the idempotency claim, and a shutdown that came meanwhile
+        (the job is then put back, not started). None: run it now; a bool: the outcome is settled."""
+        if self._stopping():  # the signal came while it waited for its due time
+            await self._finish(held, self.outcomes.hold_back(held, self._release_delay_s(), SHUTDOWN))
+            return False
         if (job.spec.rate is not None or job.spec.breaker is not None) and not await self._pass_gate(held, job):
             return False
         if self.ledger is not None:
@@ -144,7 +158,12 @@ class Processor:
             if verdict is not None:
                 await self._report_flow(held, Outcome.NOT_COUNTED)  # a breaker's probe that did not run: let go
                 return verdict
-        return await self._execute(held, job)
+        if self._stopping():  # the signal came while the gate or the ledger answered: give both back
+            await self._report_flow(held, Outcome.NOT_COUNTED)
+            await self._ledger_settle(held, "not started: the worker was shutting down", final=False)
+            await self._finish(held, self.outcomes.hold_back(held, self._release_delay_s(), SHUTDOWN))
+            return False
+        return None
 
     async def _due(self, held: Held) -> bool | None:
         """None when the job is due now (after waiting out less than a second); a bool: the outcome is settled. A job

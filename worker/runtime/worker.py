@@ -174,6 +174,7 @@ class Worker:
             finish=self._finish,
             forget=self._forget,
             release_delay_s=self._release_delay_s,
+            stopping=lambda: self._stopping,
             ledger=ledger,
             workflows=workflows,
         )
