@@ -691,6 +691,32 @@ BREAKAGES: tuple[Breakage, ...] = (
         ("tests/test_processes.py::test_a_restarted_child_gets_ports_of_its_own_when_its_old_one_is_taken",),
     ),
     Breakage(
+        "o1",
+        "a held job's copy is tried once: a transport failure releases it in place (a receive toward maxReceiveCount)",
+        "worker/runtime/outcomes.py",
+        "                if wait_s is None:\n",
+        "                if True:  # MUTANT\n",
+        ("tests/test_hold_copies.py::test_a_copy_that_failed_twice_is_sent_again_and_the_original_deleted",),
+    ),
+    Breakage(
+        "o2",
+        "a job whose claim answers after SIGTERM starts its handler",
+        "worker/runtime/processing.py",
+        "        if self._stopping():  # the signal came while the gate or the ledger answered: give both back\n",
+        "        if False:  # MUTANT\n",
+        ("tests/test_idempotency_runtime.py::test_a_job_whose_claim_answers_after_sigterm_is_put_back_not_started",),
+    ),
+    Breakage(
+        "d9",
+        "the dashboard parses a dead letter's body without catching RecursionError (HTTP 500 on a deep body)",
+        "worker/dashboard/app.py",
+        "        except (ValueError, RecursionError):\n            return printable(self.redactor.redact_text(body))\n",
+        "        except ValueError:  # MUTANT\n            return printable(self.redactor.redact_text(body))\n",
+        (
+            "tests/test_dashboard_layout.py::test_a_deep_body_is_shown_whole_and_a_narrow_window_scrolls_tables_not_errors",
+        ),
+    ),
+    Breakage(
         "s5",
         "a supervised process ignores repeats of its stop signal even once the supervisor is gone",
         "worker/runtime/service.py",
