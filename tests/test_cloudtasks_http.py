@@ -318,3 +318,28 @@ async def test_lifespans_and_middleware_serve_cloud_tasks_handlers_too(env: Back
         status, _, body = await call(server.url, envelope("uses_pool"), task_headers("t-pool"))
         assert (status, body["outcome"]) == (200, "succeeded")
     assert seen == ["open", "before uses_pool", "after the pool", "close"]
+
+
+async def test_hostile_count_headers_read_as_a_first_attempt_not_a_500(env: Backend, tmp_path: Any) -> None:
+    """Past the secret, X-CloudTasks-TaskRetryCount and ...ExecutionCount of 5,000 digits (more than int() takes)
+    or a superscript digit ('²'.isdigit() is true) answered a bare 500 with a traceback."""
+    table = await make_dead_letter_table(env.endpoint_url)
+    ran: list[str] = []
+    async with serving(registry_with(ran), queue="q", dead_letter_table=table, tmp_path=tmp_path) as server:
+        for n, value in enumerate(["9" * 5000, "\u00b2", "\u00b9", " 12345678901 ", "-3", "0x10"]):
+            headers = {
+                **task_headers(f"t-count-{n}"),
+                "X-CloudTasks-TaskRetryCount": value,
+                "X-CloudTasks-TaskExecutionCount": value,
+            }
+            status, _, body = await call(server.url, envelope("ok", n=n), headers)
+            assert (status, body["outcome"]) == (200, "succeeded"), (value[:20], status, body)
+    assert ran == [f"ok {n}" for n in range(6)]
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "\u00b2", "\u0663", "-1", "1e3", "", None, "12345678901"])
+def test_a_count_header_that_is_not_plain_ascii_digits_counts_as_0(value: str | None) -> None:
+    from worker.backends.cloudtasks.contract import parse_request
+
+    headers = {"x-cloudtasks-taskretrycount": value} if value is not None else {}
+    assert parse_request(b"{}", headers, default_queue="q").attempt == 1

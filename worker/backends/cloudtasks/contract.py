@@ -50,10 +50,16 @@ class TaskRequest:
         return self.retry_count + 1
 
 
+#: A count header longer than this is not a count Cloud Tasks sends (nor one int() may take: 4,300 digits at most).
+MAX_COUNT_DIGITS = 10
+
+
 def _count(text: str | None) -> int:
-    if text is None or not text.strip().isdigit():
+    """A retry or execution count header: plain ASCII digits, else 0 (``"²".isdigit()`` is true, ``int`` refuses it)."""
+    digits = (text or "").strip()
+    if not digits or len(digits) > MAX_COUNT_DIGITS or not (digits.isascii() and digits.isdigit()):
         return 0
-    return min(int(text.strip()), 10**9)
+    return min(int(digits), 10**9)
 
 
 def parse_request(body: bytes, headers: Mapping[str, str], *, default_queue: str) -> TaskRequest:
