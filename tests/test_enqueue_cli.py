@@ -78,3 +78,16 @@ def test_enqueue_refuses_a_payload_the_worker_would_dead_letter(backend: Backend
         assert result.returncode == 2, result.stderr
         assert result.stderr.count("\n") == 1 and reason in result.stderr and "nothing sent" in result.stderr
     assert message_count(sqs_client(backend.endpoint_url), queues.queue_url) == 0
+
+
+def test_a_payload_too_large_for_an_argument_comes_from_stdin(backend: Backend) -> None:
+    """``--payload -`` reads the payload from stdin: 200 KB, more than one argument may hold (128 KiB on Linux)."""
+    queues = make_queues(backend.endpoint_url)
+    env = worker_env(backend.endpoint_url, WORKER_QUEUE=queues.queue_url)
+    payload = {"rows": ["x" * 1000] * 200}
+    result = cli("enqueue", "import_rows", "--payload", "-", env=env, input=json.dumps(payload))
+    assert result.returncode == 0, result.stderr
+    [message] = drain(backend.endpoint_url, queues.queue_url, expect=1, timeout_s=5)
+    assert json.loads(message["Body"]) == {"type": "import_rows", "payload": payload}
+    bad = cli("enqueue", "import_rows", "--payload", "-", env=env, input="[1, 2")
+    assert bad.returncode == 2 and "--payload is not JSON" in bad.stderr, bad.stderr

@@ -47,7 +47,12 @@ def add_parser(subparsers: Any) -> None:
         "(prints the MessageId), or with WORKER_BACKEND=cloudtasks a Cloud Tasks queue (prints the task's name).",
     )
     enqueue.add_argument("type", help="the job type, e.g. send_email")
-    enqueue.add_argument("--payload", default="{}", help="the payload as a JSON object (default: {})")
+    enqueue.add_argument(
+        "--payload",
+        default="{}",
+        help="the payload as a JSON object (default: {}); '-' reads it from stdin (a payload too large for an "
+        "argument: --payload - < payload.json)",
+    )
     enqueue.add_argument(
         "--delay-s",
         type=int,
@@ -211,13 +216,14 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     from worker.producer import Job, enqueue
     from worker.settings import aws_region, load_settings
 
+    text = sys.stdin.read() if args.payload == "-" else args.payload
     try:
-        payload = json.loads(args.payload)
+        payload = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--payload is not JSON: {exc.msg}") from None
     except (RecursionError, ValueError):  # too deep, or an integer of too many digits: the worker's words for it
         try:
-            parse_envelope(args.payload)  # fails as json.loads did (what it reads, envelope_body checks on sending)
+            parse_envelope(text)  # fails as json.loads did (what it reads, envelope_body checks on sending)
         except InvalidMessage as refusal:
             raise ConfigError(f"--payload: the worker would refuse it ({refusal}); nothing sent") from None
         raise
