@@ -39,6 +39,7 @@ def test_public_names_are_sorted_and_importable() -> None:
         ('{"type": "a", "type": "b"}', "field 'type' more than once"),
         ('{"type": "a", "typ\\u0065": "b"}', "field 'type' more than once"),  # an escape spells the same name
         ('{"payload": {}, "type": "a", "payload": {"x": 1}}', "field 'payload' more than once"),
+        ('{"type": "a", "payload": {"s": "\udcff"}}', "not valid UTF-8"),  # bytes decoded with surrogateescape
         (
             '{"type": "a", "workflow": {"id": "w", "kind": "chain", "index": 0, "index": 1, "total": 2}}',
             "envelope's workflow has field 'index' more than once",

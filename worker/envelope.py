@@ -137,6 +137,8 @@ def _hostile_structure(data: dict[str, Any], body: str) -> str | None:
 
     The walk is skipped when the text alone rules both out: few brackets and no surrogate escape.
     """
+    if _SURROGATE.search(body) is not None:  # bytes that were not UTF-8, decoded with surrogateescape
+        return "body is not valid UTF-8"
     surrogates = _SURROGATE_ESCAPE.search(body) is not None
     if not surrogates and body.count("{") + body.count("[") <= MAX_NESTING_DEPTH:
         return None
