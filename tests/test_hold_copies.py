@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.harness import Recorder
 from tests.test_receive_loops import ScriptedQueue
 from worker.backends.sqs import Message
 from worker.budgets import HOLD_COPY
@@ -58,36 +59,23 @@ async def hold_once(queue: NotDueThenIdle) -> Event:
     async def later(payload: dict[str, Any]) -> None:
         raise AssertionError("not due: never run")
 
-    released = asyncio.Event()
-    events: list[Event] = []
-
-    class Watch:
-        def emit(self, event: Event) -> None:
-            if event.kind is Kind.RELEASED:
-                events.append(event)
-                released.set()
-
-        def gauge(self, **_: Any) -> None:
-            return None
-
-        def connectivity(self, **_: Any) -> None:
-            return None
+    recorder = Recorder()
 
     worker = Worker(
         registry=registry,
         queue=queue,
         dlq=ScriptedQueue("dlq"),
         options=RuntimeOptions(concurrency=1, visibility_timeout_s=30, shutdown_grace_s=5, poll_wait_s=20),
-        observers=Observers([Watch()]),
+        observers=Observers([recorder]),
     )
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
-        await asyncio.wait_for(released.wait(), timeout=10)
+        [event] = await recorder.wait_count(Kind.RELEASED, 1, timeout_s=10)
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
-    [event] = events
+    assert len(recorder.of(Kind.RELEASED)) == 1
     return event
 
 

@@ -126,36 +126,6 @@ def test_both_processes_consume_and_sigterm_finishes_their_jobs(backend: Backend
     assert_queue_empty(sqs_client(backend.endpoint_url), url)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "systemd-stop"])
-def test_a_signal_to_the_whole_process_group_still_lets_running_jobs_finish(
-    backend: Backend, tmp_path: Path, signum: int
-) -> None:
-    """Ctrl-C in a terminal, systemd's stop or ``timeout`` signal every process of the group: each child gets the
-    signal directly and again from the supervisor, which is one signal, not a second (that exits at once)."""
-    env, url = group(backend, tmp_path, WORKER_CONCURRENCY="1", WORKER_SHUTDOWN_GRACE_S="30")
-    log = tmp_path / "worker.log"
-    with log.open("wb") as stderr:  # a group of its own, as a terminal's foreground job
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "worker.commands", "run"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            cwd=ROOT,
-            start_new_session=True,
-        )
-    try:
-        wait_until(lambda: len(children(worker.pid)) == 2, 60, "two worker processes")
-        send(backend, url, range(2), seconds=3)
-        wait_until(lambda: len(effects(tmp_path, "start")) == 2, 60, "both jobs to start")
-        os.killpg(worker.pid, signum)
-        assert worker.wait(timeout=60) == 0, log.read_text()
-    finally:
-        stop(worker, log)
-    assert "exiting at once" not in log.read_text()
-    assert effects(tmp_path, "end") == effects(tmp_path, "start")  # both finished within the grace
-    assert_queue_empty(sqs_client(backend.endpoint_url), url)
-
-
 def start_own_group(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """``sqs-worker run`` in a process group of its own, as a terminal's foreground job."""
     with log.open("wb") as stderr:
@@ -167,6 +137,28 @@ def start_own_group(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
             cwd=ROOT,
             start_new_session=True,
         )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "systemd-stop"])
+def test_a_signal_to_the_whole_process_group_still_lets_running_jobs_finish(
+    backend: Backend, tmp_path: Path, signum: int
+) -> None:
+    """Ctrl-C in a terminal, systemd's stop or ``timeout`` signal every process of the group: each child gets the
+    signal directly and again from the supervisor, which is one signal, not a second (that exits at once)."""
+    env, url = group(backend, tmp_path, WORKER_CONCURRENCY="1", WORKER_SHUTDOWN_GRACE_S="30")
+    log = tmp_path / "worker.log"
+    worker = start_own_group(env, log)
+    try:
+        wait_until(lambda: len(children(worker.pid)) == 2, 60, "two worker processes")
+        send(backend, url, range(2), seconds=3)
+        wait_until(lambda: len(effects(tmp_path, "start")) == 2, 60, "both jobs to start")
+        os.killpg(worker.pid, signum)
+        assert worker.wait(timeout=60) == 0, log.read_text()
+    finally:
+        stop(worker, log)
+    assert "exiting at once" not in log.read_text()
+    assert effects(tmp_path, "end") == effects(tmp_path, "start")  # both finished within the grace
+    assert_queue_empty(sqs_client(backend.endpoint_url), url)
 
 
 def test_a_starved_supervisors_late_copy_of_the_group_signal_is_not_a_second_signal(

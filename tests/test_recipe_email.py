@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from tests.support.backends import Backend
-from tests.support.harness import drain, make_queues, running_worker, send, sqs_client
+from tests.support.harness import drain, make_queues, running_worker, send, sqs_client, start_warnings
 from tests.support.idempotency import dynamodb_client
 from tests.support.queues import assert_queue_empty
 from tests.support.smtpserver import Mailbox, smtp_server
@@ -147,24 +147,15 @@ async def test_a_message_that_can_never_be_built_is_dead_lettered_at_once(
 async def test_the_start_warns_when_sender_or_templates_are_not_set(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    from worker.lifecycle import open_lifespans
-
     jobs = Registry()
     email_recipe.register(jobs)
     monkeypatch.chdir(tmp_path)  # no .env here
     monkeypatch.delenv("WORKER_EMAIL_TEMPLATES", raising=False)
     monkeypatch.setenv("WORKER_EMAIL_SENDER", "shop@example.com")
-    with caplog.at_level("WARNING", logger="worker"):
-        async with open_lifespans(jobs.lifespans):
-            pass
-    [warning] = [r.getMessage() for r in caplog.records if r.name == "worker"]
+    [warning] = await start_warnings(jobs, caplog)
     assert warning == (
         "job 'email': set WORKER_EMAIL_SENDER and WORKER_EMAIL_TEMPLATES to send email; each of its jobs is "
         "dead-lettered (permanent) until they are set"
     )
-    caplog.clear()
     monkeypatch.setenv("WORKER_EMAIL_TEMPLATES", str(tmp_path))
-    with caplog.at_level("WARNING", logger="worker"):
-        async with open_lifespans(jobs.lifespans):
-            pass
-    assert not [r for r in caplog.records if r.name == "worker"]
+    assert await start_warnings(jobs, caplog) == []

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from tests.support.backends import Backend
-from tests.support.harness import drain, make_queues, running_worker, send, sqs_client
+from tests.support.harness import drain, make_queues, running_worker, send, sqs_client, start_warnings
 from tests.support.idempotency import dynamodb_client
 from tests.support.queues import assert_queue_empty
 from tests.support.webhookserver import Reply, webhook_receiver
@@ -217,21 +217,12 @@ async def test_the_start_warns_when_no_secret_is_set(
 ) -> None:
     """WORKER_WEBHOOK_SECRET is required: a worker running the job without it says so at start (a warning, not an
     error: a worker whose handlers import ``verify`` has the job too)."""
-    from worker.lifecycle import open_lifespans
-
     monkeypatch.delenv("WORKER_WEBHOOK_SECRET", raising=False)
     monkeypatch.chdir(tmp_path)  # no .env here
-    with caplog.at_level("WARNING", logger="worker"):
-        async with open_lifespans(registry().lifespans):
-            pass
-    [warning] = [r.getMessage() for r in caplog.records if r.name == "worker"]
+    [warning] = await start_warnings(registry(), caplog)
     assert warning == (
         "job 'webhook': WORKER_WEBHOOK_SECRET is not set: webhooks are never sent unsigned; each of its jobs is "
         "dead-lettered (permanent) until it is set"
     )
-    caplog.clear()
     monkeypatch.setenv("WORKER_WEBHOOK_SECRET", SECRET)
-    with caplog.at_level("WARNING", logger="worker"):
-        async with open_lifespans(registry().lifespans):
-            pass
-    assert not [r for r in caplog.records if r.name == "worker"]
+    assert await start_warnings(registry(), caplog) == []

@@ -55,9 +55,10 @@ class Envelope(BaseModel):
 #: Deepest nesting of objects and arrays a body may have: deeper input is refused before any code walks it
 #: (hashing, validation, logging), so none of them can hit Python's recursion limit later.
 MAX_NESTING_DEPTH = 100
-#: A JSON escape of a UTF-16 surrogate (``\ud800``): alone, it decodes to text that is not valid Unicode.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: A raw surrogate (text decoded from bytes that were not UTF-8) or the JSON escape of one (``\ud800``: alone, it
+#: decodes to text that is not valid Unicode).
+_SURROGATE_OR_ESCAPE = re.compile("[\ud800-\udfff]|\\\\u[dD][89a-fA-F]")
 
 
 def parse_envelope(body: str) -> Envelope:
@@ -137,9 +138,10 @@ def _hostile_structure(data: dict[str, Any], body: str) -> str | None:
 
     The walk is skipped when the text alone rules both out: few brackets and no surrogate escape.
     """
-    if _SURROGATE.search(body) is not None:  # bytes that were not UTF-8, decoded with surrogateescape
+    found = _SURROGATE_OR_ESCAPE.search(body)  # one scan of the text for both
+    if found is not None and len(found.group()) == 1:  # bytes that were not UTF-8, decoded with surrogateescape
         return "body is not valid UTF-8"
-    surrogates = _SURROGATE_ESCAPE.search(body) is not None
+    surrogates = found is not None  # an escape first: the walk finds a raw surrogate after it too
     if not surrogates and body.count("{") + body.count("[") <= MAX_NESTING_DEPTH:
         return None
     stack: list[tuple[dict[str, Any] | list[Any], int]] = [(data, 1)]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import boto3
+import pytest
 from aiobotocore.session import get_session
 
 from tests.support.memory import MemorySQSClient, broker_of, is_memory, memory_queue
@@ -193,3 +194,14 @@ def drain(endpoint_url: str, queue_url: str, *, expect: int, timeout_s: float = 
             seen.append(message)
             client.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
     return seen
+
+
+async def start_warnings(registry: Registry, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The warnings (logger ``worker``) the registry's lifespans log as a worker starts and stops."""
+    from worker.lifecycle import open_lifespans
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="worker"):
+        async with open_lifespans(registry.lifespans):
+            pass
+    return [r.getMessage() for r in caplog.records if r.name == "worker"]
